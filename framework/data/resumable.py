@@ -1,0 +1,82 @@
+"""Deterministic, shardable, resumable sampling for map-style datasets under Lightning.
+
+The order of an epoch depends only on (seed, epoch); each rank takes a disjoint, equal-length shard; a run
+resumed from a mid-epoch checkpoint skips exactly the batches it already trained on, so it ends with the
+same weights as an uninterrupted run. Lightning's own distributed sampler is not used
+(`use_distributed_sampler=False`): the sampler shards itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+
+class EpochSampler(Sampler[int]):
+    """Shuffles by (seed, epoch), shards by rank, and can start an epoch part-way (`skip_batches`)."""
+
+    def __init__(
+        self, n: int, *, batch_size: int, seed: int = 0, shuffle: bool = True, rank: int = 0, world_size: int = 1
+    ):
+        if n < world_size * batch_size:
+            raise ValueError(
+                f"dataset of {n} samples is too short for {world_size} rank(s) × batch_size {batch_size}"
+            )
+        self.n, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+        self._skip = 0
+        # equal shard lengths on every rank, whole batches only (drop_last semantics)
+        self.per_rank = (n // world_size) // batch_size * batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def skip_batches(self, batches: int) -> None:
+        """Start the next iteration after `batches` batches (mid-epoch resume); applies once."""
+        self._skip = max(0, min(batches, self.per_rank // self.batch_size))
+
+    def __iter__(self) -> Iterator[int]:
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            order = torch.randperm(self.n, generator=g)
+        else:
+            order = torch.arange(self.n)
+        shard = order[self.rank : self.per_rank * self.world_size : self.world_size]
+        start, self._skip = self._skip * self.batch_size, 0
+        return iter(shard[start:].tolist())
+
+    def __len__(self) -> int:
+        return self.per_rank
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "epoch": self.epoch}
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader that Lightning treats as resumable; the skip itself is set by `resume_skip()`."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.state_dict() if hasattr(self.sampler, "state_dict") else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state and getattr(self.sampler, "seed", None) not in (None, state.get("seed")):
+            raise ValueError(
+                f"checkpoint was written with data seed {state.get('seed')}, this run uses {self.sampler.seed}; "
+                "resume with the same seed"
+            )
+
+
+def train_loader(dataset: Dataset, batch_size: int, seed: int, trainer: Any = None, **kw: Any) -> ResumableLoader:
+    """Build the training loader for `trainer` (rank, world size, and how far a resumed run already got)."""
+    rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+    sampler = EpochSampler(len(dataset), batch_size=batch_size, seed=seed, rank=rank, world_size=world)
+    if trainer is not None and trainer.global_step > 0:
+        batches_per_epoch = len(sampler) // batch_size
+        done = trainer.global_step * trainer.accumulate_grad_batches - trainer.current_epoch * batches_per_epoch
+        if 0 < done < batches_per_epoch:
+            sampler.skip_batches(done)
+    return ResumableLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, **kw)

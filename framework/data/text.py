@@ -1,0 +1,103 @@
+"""Byte-level text corpora that ship with Python itself: no download, no tokenizer files.
+
+`pydoc` is CPython's documentation prose (`pydoc_data.topics`, ~465 kB); `stdlib` adds the source text of a
+fixed list of standard-library modules. Bytes are tokens (vocabulary 256), so any text round-trips.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from framework.data.resumable import train_loader
+
+SOURCES = ("pydoc", "stdlib", "both")
+_STDLIB_MODULES = ("collections", "json", "argparse", "dataclasses", "typing", "functools", "pathlib", "inspect")
+
+
+def corpus_bytes(source: str = "pydoc") -> bytes:
+    """The raw corpus as UTF-8 bytes, always in the same order (so splits are reproducible)."""
+    if source not in SOURCES:
+        raise ValueError(f"unknown corpus source {source!r}; valid: {', '.join(SOURCES)}")
+    parts: list[str] = []
+    if source in ("pydoc", "both"):
+        from pydoc_data.topics import topics
+
+        parts += [topics[k] for k in sorted(topics)]
+    if source in ("stdlib", "both"):
+        for name in _STDLIB_MODULES:
+            spec = importlib.util.find_spec(name)
+            origin = Path(spec.origin) if spec and spec.origin else None
+            if origin and origin.name == "__init__.py":
+                parts += [p.read_text(encoding="utf-8") for p in sorted(origin.parent.glob("*.py"))]
+            elif origin:
+                parts.append(origin.read_text(encoding="utf-8"))
+    return "\n".join(parts).encode("utf-8")
+
+
+class ByteChunks(Dataset):
+    """Fixed, non-overlapping windows of `seq_len + 1` bytes (input and next-byte target)."""
+
+    def __init__(self, data: Tensor, seq_len: int):
+        if len(data) < seq_len + 1:
+            raise ValueError(f"corpus split of {len(data)} bytes is shorter than seq_len+1={seq_len + 1}")
+        self.data, self.seq_len = data, seq_len
+        self.count = (len(data) - 1) // seq_len
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> Tensor:
+        start = i * self.seq_len
+        return self.data[start : start + self.seq_len + 1].long()
+
+
+class ByteCorpus(L.LightningDataModule):
+    """Byte-level LM data: the last `val_fraction` of the corpus is the validation split."""
+
+    vocab_size = 256
+
+    def __init__(
+        self,
+        source: str = "pydoc",
+        seq_len: int = 128,
+        batch_size: int = 32,
+        val_fraction: float = 0.05,
+        max_bytes: int | None = None,
+        seed: int = 0,
+        num_workers: int = 0,
+    ):
+        super().__init__()
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"val_fraction={val_fraction} must be in (0, 1)")
+        if seq_len < 1 or batch_size < 1:
+            raise ValueError(f"seq_len={seq_len} and batch_size={batch_size} must be positive")
+        self.source, self.seq_len, self.batch_size = source, seq_len, batch_size
+        self.val_fraction, self.max_bytes, self.seed, self.num_workers = val_fraction, max_bytes, seed, num_workers
+        self.train_set: ByteChunks | None = None
+        self.val_set: ByteChunks | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        raw = corpus_bytes(self.source)
+        if self.max_bytes:
+            raw = raw[: self.max_bytes]
+        data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        cut = int(len(data) * (1 - self.val_fraction))
+        self.train_set = ByteChunks(data[:cut], self.seq_len)
+        self.val_set = ByteChunks(data[cut:], self.seq_len)
+
+    def train_dataloader(self) -> DataLoader:
+        return train_loader(self.train_set, self.batch_size, self.seed, self.trainer, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.val_dataloader()

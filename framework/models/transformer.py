@@ -1,0 +1,152 @@
+"""A small transformer language model in one file: causal or bidirectional, GQA, rotary positions.
+
+The same `Block` later carries MoE feed-forward layers and per-KV-head attention gates. Attention uses
+PyTorch's `scaled_dot_product_attention`; reshapes are einops.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange, repeat
+from torch import Tensor, nn
+
+from framework.models.base import RecordsConfig
+
+
+def rotary_tables(seq_len: int, head_dim: int, base: float = 10000.0, device=None) -> tuple[Tensor, Tensor]:
+    """cos/sin tables of shape (seq_len, head_dim/2) for rotary position embeddings (RoFormer eq. 34)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate pairs (x[..., :d/2], x[..., d/2:]) of a (batch, heads, seq, head_dim) tensor."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return out.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with grouped key/value heads (GQA) and rotary positions."""
+
+    def __init__(self, dim: int, heads: int, kv_heads: int, causal: bool, dropout: float = 0.0):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim={dim} must be divisible by heads={heads}")
+        if heads % kv_heads:
+            raise ValueError(f"heads={heads} must be divisible by kv_heads={kv_heads}")
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} (dim/heads) must be even for rotary positions")
+        self.causal, self.dropout = causal, dropout
+        self.q = nn.Linear(dim, heads * self.head_dim, bias=False)
+        self.kv = nn.Linear(dim, 2 * kv_heads * self.head_dim, bias=False)
+        self.proj = nn.Linear(heads * self.head_dim, dim, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        q = rearrange(self.q(x), "b t (h d) -> b h t d", h=self.heads)
+        k, v = rearrange(self.kv(x), "b t (two g d) -> two b g t d", two=2, g=self.kv_heads)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        group = self.heads // self.kv_heads
+        k, v = (repeat(t, "b g t d -> b (g r) t d", r=group) for t in (k, v))
+        mask = None
+        if key_padding_mask is not None:  # True = a real token that may be attended to
+            mask = rearrange(key_padding_mask.bool(), "b s -> b 1 1 s")
+            if self.causal:
+                t = x.shape[1]
+                mask = mask & torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=self.causal and mask is None,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+        return self.proj(rearrange(out, "b h t d -> b t (h d)"))
+
+
+class MLP(nn.Module):
+    """The dense feed-forward layer (GELU)."""
+
+    def __init__(self, dim: int, hidden: int, dropout: float = 0.0):
+        super().__init__()
+        self.fc = nn.Linear(dim, hidden, bias=False)
+        self.proj = nn.Linear(hidden, dim, bias=False)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + ffn(norm(x))."""
+
+    def __init__(self, dim: int, heads: int, kv_heads: int, mlp_ratio: float, causal: bool, dropout: float):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads, kv_heads, causal, dropout)
+        self.norm2 = nn.LayerNorm(dim)
+        self.ffn = MLP(dim, int(mlp_ratio * dim), dropout)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, key_padding_mask)
+        return x + self.ffn(self.norm2(x))
+
+
+class TransformerLM(RecordsConfig):
+    """Token ids (batch, seq) → logits (batch, seq, vocab). `causal=False` gives the diffusion backbone."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int = 128,
+        depth: int = 4,
+        heads: int = 4,
+        kv_heads: int | None = None,
+        mlp_ratio: float = 4.0,
+        max_seq_len: int = 1024,
+        causal: bool = True,
+        dropout: float = 0.0,
+        tie_embeddings: bool = False,
+    ):
+        super().__init__()
+        for key, value in dict(vocab_size=vocab_size, dim=dim, depth=depth, heads=heads).items():
+            if value < 1:
+                raise ValueError(f"{key}={value} must be a positive integer")
+        self.max_seq_len, self.causal = max_seq_len, causal
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            Block(dim, heads, kv_heads or heads, mlp_ratio, causal, dropout) for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab_size, bias=False)
+        if tie_embeddings:
+            self.head.weight = self.embed.weight
+        cos, sin = rotary_tables(max_seq_len, dim // heads)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
+            if name.endswith("proj.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def features(self, idx: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """Final normalised hidden states (batch, seq, dim): the penultimate features."""
+        t = idx.shape[1]
+        if t > self.max_seq_len:
+            raise ValueError(f"sequence length {t} exceeds max_seq_len={self.max_seq_len}")
+        cos, sin = self.rope_cos[:t], self.rope_sin[:t]
+        x = self.drop(self.embed(idx))
+        for block in self.blocks:
+            x = block(x, cos, sin, key_padding_mask)
+        return self.norm(x)
+
+    def forward(self, idx: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        return self.head(self.features(idx, key_padding_mask))

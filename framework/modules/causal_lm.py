@@ -1,0 +1,40 @@
+"""Next-token language modelling: cross-entropy loss, bits per token on validation."""
+
+from __future__ import annotations
+
+import math
+
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics import MeanMetric
+
+from framework.modules.base import TrainModule
+
+
+class CausalLM(TrainModule):
+    """Trains any tokens→logits model on next-token prediction; logs `val/bpb` (bits per byte for byte data)."""
+
+    def __init__(self, model, optimizer=None, scheduler=None, vocab_size: int | None = None):
+        super().__init__(model, optimizer, scheduler, **({"vocab_size": vocab_size} if vocab_size else {}))
+        self.val_nll = MeanMetric()
+
+    def loss(self, batch: Tensor) -> Tensor:
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        logits = self.model(inputs)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        loss = self.loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: Tensor, batch_idx: int) -> None:
+        self.val_nll.update(self.loss(batch), weight=batch.shape[0])
+        self.log("val/loss", self.val_nll, prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        # bits per token; with byte-level data, tokens are bytes
+        self.log("val/bpb", self.val_nll.compute() / math.log(2), prog_bar=True, sync_dist=True)
+
+    def test_step(self, batch: Tensor, batch_idx: int) -> None:
+        self.validation_step(batch, batch_idx)

@@ -1,0 +1,151 @@
+"""Baselines for OLion: torch.optim.Muon + AdamW as one optimizer, and OLion without its sign step.
+
+Spec: shared/specs/olion_growth.md §1.7 (torch.optim.Muon anchor) and §1.6 T12 (OLion vs Muon).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from framework.optim.hybrid import Predicate, is_hidden_matrix, normalize_param_groups, split_group
+from framework.optim.olion import OLion, _check_betas
+
+MUON_ADJUST_LR_FNS = ("original", "match_rms_adamw", "spectral_unclamped")
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """torch.optim.Muon for hidden 2-D weights and torch.optim.AdamW for the rest, as ONE optimizer object.
+
+    Routing is OLion's (`is_hidden_matrix` or `predicate`) restricted to 2-D, since torch.optim.Muon rejects
+    other shapes: conv kernels go to AdamW. `param_groups` is the union of the two inner optimizers' groups
+    (the same dicts, each tagged `use_muon`), so LR schedulers and Lightning checkpoints see one optimizer.
+    `adjust_lr_fn="match_rms_adamw"` scales Muon updates to 0.2·sqrt(max dim), so `lr` is the AdamW lr.
+    1-D params (norms, biases) are never decayed.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 3e-4,
+        weight_decay: float = 0.1,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        eps: float = 1e-7,
+        adjust_lr_fn: str | None = "match_rms_adamw",
+        adamw_lr: float | None = None,
+        adamw_betas: tuple[float, float] = (0.9, 0.95),
+        adamw_eps: float = 1e-10,
+        adamw_weight_decay: float | None = None,
+        predicate: Predicate | None = None,
+    ) -> None:
+        if adjust_lr_fn is not None and adjust_lr_fn not in MUON_ADJUST_LR_FNS:
+            raise ValueError(f"adjust_lr_fn={adjust_lr_fn!r} is invalid: valid: None, {MUON_ADJUST_LR_FNS}")
+        for key, v in (
+            ("lr", lr),
+            ("adamw_lr", adamw_lr),
+            ("weight_decay", weight_decay),
+            ("adamw_weight_decay", adamw_weight_decay),
+            ("adamw_eps", adamw_eps),
+        ):
+            if v is not None and not v >= 0.0:
+                raise ValueError(f"{key}={v!r} is invalid: must be >= 0")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum={momentum!r} is invalid: must be in [0, 1)")
+        _check_betas("adamw_betas", adamw_betas)
+        if ns_steps < 1:
+            raise ValueError(f"ns_steps={ns_steps!r} is invalid: must be an integer >= 1")
+        self.hparams = dict(
+            lr=lr,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            nesterov=nesterov,
+            ns_steps=ns_steps,
+            eps=eps,
+            adjust_lr_fn=adjust_lr_fn,
+            adamw_lr=lr if adamw_lr is None else adamw_lr,
+            adamw_betas=tuple(adamw_betas),
+            adamw_eps=adamw_eps,
+            adamw_weight_decay=weight_decay if adamw_weight_decay is None else adamw_weight_decay,
+        )
+        user_predicate = predicate or is_hidden_matrix
+        self.predicate: Callable[[str, Tensor], bool] = lambda n, p: p.ndim == 2 and user_predicate(n, p)
+        self._muon: torch.optim.Muon | None = None
+        self._adamw: torch.optim.AdamW | None = None
+        # empty defaults: the inner optimizers own their groups' keys, the wrapper adds none
+        super().__init__(normalize_param_groups(params), {})
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Route a group (per-group `lr`, `weight_decay`, `adamw_*` overrides allowed) to Muon and AdamW."""
+        h = {**self.hparams, **{k: v for k, v in param_group.items() if k not in ("params", "param_names")}}
+        for kind, sub in split_group(param_group, self.predicate).items():
+            if kind == "hidden":
+                sub.update(
+                    use_muon=True,
+                    lr=h["lr"],
+                    weight_decay=h["weight_decay"],
+                    momentum=h["momentum"],
+                    nesterov=h["nesterov"],
+                    ns_steps=h["ns_steps"],
+                    eps=h["eps"],
+                    adjust_lr_fn=h["adjust_lr_fn"],
+                )
+                if self._muon is None:
+                    self._muon = torch.optim.Muon([sub])
+                else:
+                    self._muon.add_param_group(sub)
+            else:
+                sub.update(
+                    use_muon=False,
+                    lr=h["adamw_lr"],
+                    betas=h["adamw_betas"],
+                    eps=h["adamw_eps"],
+                    weight_decay=h["adamw_weight_decay"] if kind == "decay" else 0.0,
+                )
+                if self._adamw is None:
+                    self._adamw = torch.optim.AdamW([sub])
+                else:
+                    self._adamw.add_param_group(sub)
+            super().add_param_group(sub)
+        self._link()
+
+    def _link(self) -> None:
+        """Point the inner optimizers at the wrapper's group dicts and its one state dict."""
+        for inner, flag in ((self._muon, True), (self._adamw, False)):
+            if inner is not None:
+                inner.param_groups = [g for g in self.param_groups if bool(g["use_muon"]) == flag]
+                inner.state = self.state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load as one optimizer, then re-link the inner optimizers to the new group dicts and state."""
+        super().load_state_dict(state_dict)
+        self._link()
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Muon step on hidden matrices, then AdamW step on the rest."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for inner in (self._muon, self._adamw):
+            if inner is not None:
+                inner.step()
+        return loss
+
+
+class OrthoMomentum(OLion):
+    """OLion minus the sign step (ablation): W ← W(1−ηλ) − η·s·NS5(c), same momentum, NS, routing and scales.
+
+    With the default scales the update is NS5(c) renormalised to ‖·‖_F = sqrt(min dim) times
+    0.2·sqrt(max dim): RMS exactly 0.2·lr, like Muon with "match_rms_adamw". Comparing it with OLion isolates
+    the sign step, because both share `newton_schulz5` and everything else.
+    """
+
+    def __init__(self, params: Iterable[Any], **kwargs: Any) -> None:
+        if "sign" in kwargs:
+            raise ValueError(f"OrthoMomentum has no sign step; got sign={kwargs['sign']!r} (use OLion)")
+        super().__init__(params, sign=False, **kwargs)

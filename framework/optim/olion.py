@@ -1,0 +1,199 @@
+"""OLion (Orthogonal Lion, arXiv 2602.01105) for hidden matrices, with an internal AdamW for everything else.
+
+Spec: shared/specs/olion_growth.md §1.2 (update rule), §1.4 (defaults), §1.5 (routing, conv, distributed).
+One optimizer object, so Lightning checkpoints it as one state and LR schedulers see every group's `lr`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from framework.optim.hybrid import (
+    Predicate,
+    check_not_sharded,
+    is_hidden_matrix,
+    normalize_param_groups,
+    param_label,
+    split_group,
+)
+from framework.optim.newton_schulz import newton_schulz5
+
+
+def _check_betas(name: str, betas: Any) -> None:
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"{name}={tuple(betas)!r} is invalid: need two values, each in [0, 1)")
+
+
+def _check_options(opts: dict[str, Any]) -> None:
+    """ValueError naming the bad value and its valid range (shared by the constructor and add_param_group)."""
+    for key in ("lr", "adamw_lr", "weight_decay", "adamw_weight_decay", "eps", "adamw_eps"):
+        v = opts.get(key)
+        if v is not None and not v >= 0.0:
+            raise ValueError(f"{key}={v!r} is invalid: must be >= 0")
+    _check_betas("betas", opts["betas"])
+    _check_betas("adamw_betas", opts["adamw_betas"])
+    ns = opts["ns_steps"]
+    if isinstance(ns, bool) or not isinstance(ns, int) or ns < 1:
+        raise ValueError(f"ns_steps={ns!r} is invalid: must be an integer >= 1")
+
+
+class OLion(torch.optim.Optimizer):
+    """OLion: W ← W(1−ηλ) − η·s·sign(NS5(c)), c a Nesterov mix of g and the EMA m (§1.2); AdamW for the rest.
+
+    `params`: (name, Parameter) pairs (preferred: `model.named_parameters()`), plain tensors (then routed by
+    ndim alone, so embeddings/heads would go to OLion: pass names), or group dicts (each is routed, unless
+    it sets "use_olion" itself). Each resulting group has `use_olion`; in AdamW groups `lr`, `betas`, `eps`,
+    `weight_decay` hold the AdamW values (`adamw_*`). 1-D params (norms, biases) are never decayed.
+
+    β1 (`betas[0]`) is the interpolation weight and β2 the EMA decay, as in the authors' code:
+    m ← β2·m + (1−β2)·g first, then c = (1−β1)·g + β1·m with the new m (`pre_update_momentum=True`: the old
+    m, Lion's order; `nesterov=False`: c = m). Scales use the 2-D view (out, in·k…): `use_scale` sets
+    ‖S‖_F = sqrt(min dim), `rms_scale` multiplies by 0.2·sqrt(max dim), so by default every entry moves by
+    ±0.2·lr, the same RMS as AdamW, and `lr` is meant to be the AdamW lr. `sign=False` drops the sign step
+    (the NS-only ablation, see framework.optim.muon.OrthoMomentum).
+
+    `ns_dtype=None` runs Newton–Schulz in bf16 on CUDA and fp32 elsewhere (CPUs without bf16 units run bf16
+    matmuls 30–70× slower). Under DDP every rank computes the same update from the already-averaged grads;
+    sharded (FSDP/DTensor) hidden matrices are refused. Params whose grad is None are skipped.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 3e-4,
+        betas: tuple[float, float] = (0.95, 0.98),
+        weight_decay: float = 0.1,
+        ns_steps: int = 5,
+        ns_dtype: torch.dtype | None = None,
+        use_scale: bool = True,
+        rms_scale: bool = True,
+        nesterov: bool = True,
+        pre_update_momentum: bool = False,
+        sign: bool = True,
+        eps: float = 1e-8,
+        adamw_lr: float | None = None,
+        adamw_betas: tuple[float, float] = (0.9, 0.95),
+        adamw_eps: float = 1e-10,
+        adamw_weight_decay: float | None = None,
+        predicate: Predicate | None = None,
+    ) -> None:
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            weight_decay=weight_decay,
+            ns_steps=ns_steps,
+            ns_dtype=ns_dtype,
+            use_scale=use_scale,
+            rms_scale=rms_scale,
+            nesterov=nesterov,
+            pre_update_momentum=pre_update_momentum,
+            sign=sign,
+            eps=eps,
+            adamw_lr=adamw_lr,
+            adamw_betas=tuple(adamw_betas),
+            adamw_eps=adamw_eps,
+            adamw_weight_decay=adamw_weight_decay,
+        )
+        _check_options(defaults)
+        self.predicate: Callable[[str, Tensor], bool] = predicate or is_hidden_matrix
+        super().__init__(normalize_param_groups(params), defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Route `param_group` into an OLion group and up to two AdamW groups (decay / no decay); add them."""
+        overrides = {k: v for k, v in param_group.items() if k not in ("params", "param_names")}
+        opts = {**self.defaults, **overrides}
+        _check_options(opts)
+        explicit = opts.pop("use_olion", None)
+        predicate = self.predicate if explicit is None else (lambda name, p: bool(explicit))
+        for kind, sub in split_group(param_group, predicate).items():
+            self._check_params(sub, hidden=kind == "hidden")
+            if kind == "hidden":
+                sub.update(opts, use_olion=True)
+            else:
+                wd = opts["adamw_weight_decay"]
+                if wd is None or ("weight_decay" in overrides and "adamw_weight_decay" not in overrides):
+                    wd = opts["weight_decay"]
+                lr = opts["lr"] if opts["adamw_lr"] is None else opts["adamw_lr"]
+                sub.update(
+                    opts,
+                    lr=lr,
+                    betas=opts["adamw_betas"],
+                    eps=opts["adamw_eps"],
+                    use_olion=False,
+                    weight_decay=wd if kind == "decay" else 0.0,
+                )
+            super().add_param_group(sub)
+
+    @staticmethod
+    def _check_params(group: dict[str, Any], hidden: bool) -> None:
+        names = group.get("param_names") or [""] * len(group["params"])
+        for name, p in zip(names, group["params"], strict=True):
+            check_not_sharded(name, p, "OLion", hidden)
+            if hidden and p.ndim < 2:
+                raise ValueError(
+                    f"OLion needs a matrix but {param_label(name, p)} was routed to it (ndim {p.ndim}, "
+                    "valid: ndim >= 2); fix the predicate or the group's use_olion"
+                )
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One OLion/AdamW step over all groups (§1.2; AdamW: bias-corrected, decoupled decay)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("OLion does not support sparse gradients")
+                if group["use_olion"]:
+                    self._olion_update(p, group)
+                else:
+                    self._adamw_update(p, group)
+        return loss
+
+    def _olion_update(self, p: Tensor, group: dict[str, Any]) -> None:
+        g, state = p.grad, self.state[p]
+        if not state:
+            state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        m = state["momentum_buffer"]
+        b1, b2 = group["betas"]
+        c = g.lerp(m, b1) if group["nesterov"] and group["pre_update_momentum"] else None
+        m.lerp_(g, 1 - b2)
+        if c is None:
+            c = g.lerp(m, b1) if group["nesterov"] else m
+        c2 = c.reshape(c.shape[0], -1)
+        d_out, d_in = c2.shape
+        ns_dtype = group["ns_dtype"] or (torch.bfloat16 if c2.is_cuda else torch.float32)
+        q = newton_schulz5(c2, steps=group["ns_steps"], dtype=ns_dtype)
+        # sign() is exact in any dtype; scaling happens in ≥fp32 so entries are 0.2·lr to fp32 precision
+        u = (torch.sign(q) if group["sign"] else q).to(torch.promote_types(p.dtype, torch.float32))
+        scale: Tensor | float = 1.0
+        if group["use_scale"]:
+            scale = math.sqrt(min(d_out, d_in)) / (u.norm() + group["eps"])
+        if group["rms_scale"]:
+            scale = scale * (0.2 * math.sqrt(max(d_out, d_in)))
+        p.mul_(1 - group["lr"] * group["weight_decay"])
+        p.add_(u.mul_(scale).reshape(p.shape), alpha=-group["lr"])
+
+    def _adamw_update(self, p: Tensor, group: dict[str, Any]) -> None:
+        g, state = p.grad, self.state[p]
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["step"] += 1
+        b1, b2 = group["betas"]
+        m, v, t = state["exp_avg"], state["exp_avg_sq"], state["step"]
+        m.lerp_(g, 1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        denom = (v.sqrt() / math.sqrt(1 - b2**t)).add_(group["eps"])
+        p.mul_(1 - group["lr"] * group["weight_decay"])
+        p.addcdiv_(m, denom, value=-group["lr"] / (1 - b1**t))

@@ -1,0 +1,24 @@
+"""Recipes: named compositions of registered parts, stored in Hydra's `recipe` group at package `_global_`.
+
+A recipe does exactly what the same overrides on the command line would do: it picks group choices
+(`defaults={"optimizer": "olion"}`) and sets values (`trainer={"max_steps": 200}`). Command-line choices and
+values still win, whatever their order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from framework.registry import RECIPES, ZEN_STORE
+
+
+def recipe(name: str, *, description: str, defaults: dict[str, Any] | None = None, **values: Any) -> DictConfig:
+    """Register recipe `name`: group choices in `defaults`, plain values as keyword arguments."""
+    overrides = [{f"override /{group}": choice} for group, choice in (defaults or {}).items()]
+    # untyped on purpose: a typed config in `_global_` fails to merge with the primary config
+    cfg = OmegaConf.create({"defaults": ["_self_", *overrides], **values})
+    RECIPES.register(cfg, name=name, description=description)
+    ZEN_STORE(cfg, group="recipe", name=name, package="_global_")
+    return cfg

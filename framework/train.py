@@ -1,0 +1,193 @@
+"""`python -m framework.train recipe=NAME [group=choice ...] [key=value ...]`
+
+Composes the config from the catalog (hydra-zen), seeds everything, builds data, module, optimizer,
+callbacks and trainer, runs fit (and test where asked), and writes everything under the Hydra run dir:
+the composed config, CSV logs, checkpoints and `results.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.conf import HydraConf, JobConf, RunDir, SweepDir
+from hydra.core.hydra_config import HydraConfig
+from hydra_zen import builds, make_config, zen
+from lightning.pytorch.loggers import CSVLogger
+
+from framework import __version__
+from framework.registry import ZEN_STORE, load_catalog
+
+RUN_DIR = "${hydra:runtime.output_dir}"
+
+TrainerConf = builds(
+    L.Trainer,
+    populate_full_signature=True,
+    zen_partial=True,
+    accelerator="cpu",
+    devices=1,
+    max_steps=200,
+    max_epochs=-1,
+    val_check_interval=None,
+    check_val_every_n_epoch=1,
+    log_every_n_steps=10,
+    num_sanity_val_steps=0,
+    inference_mode=False,  # no_grad for evaluation: metric states stay ordinary tensors across validate/fit
+    use_distributed_sampler=False,  # framework data modules shard themselves, deterministically
+    enable_model_summary=False,
+    default_root_dir=RUN_DIR,
+)
+
+HubConf = make_config(repo_id=None, revision=None, private=False, every_n_validations=0)
+
+DEFAULTS = [
+    "_self_",
+    {"data": "byte_corpus"},
+    {"model": "transformer_lm"},
+    {"module": "causal_lm"},
+    {"optimizer": "adamw"},
+    {"scheduler": "warmup_cosine"},
+    {"callbacks": ["checkpoint"]},
+    {"recipe": None},  # last: a recipe overrides the choices above; None lets `recipe=NAME` go without '+'
+]
+
+TrainConfig = make_config(
+    hydra_defaults=DEFAULTS,
+    data=None,
+    model=None,
+    module=None,
+    optimizer=None,
+    scheduler=None,
+    callbacks=None,
+    recipe=None,
+    trainer=TrainerConf,
+    hub=HubConf,
+    seed=0,
+    threads=None,
+    ckpt_path=None,
+    validate_before_fit=True,
+    test=False,
+)
+
+
+def seed_everything(seed: int, threads: int | None = None) -> None:
+    """Seed Python, NumPy and torch before anything is built; optionally fix the torch thread count."""
+    L.seed_everything(seed, workers=True, verbose=False)
+    if threads:
+        torch.set_num_threads(int(threads))
+
+
+def train(
+    data: L.LightningDataModule,
+    model: Any,
+    module: Any,
+    optimizer: Any,
+    trainer: Any,
+    hub: Any,
+    seed: int,
+    scheduler: Any = None,
+    callbacks: dict[str, L.Callback] | None = None,
+    ckpt_path: str | None = None,
+    validate_before_fit: bool = True,
+    test: bool = False,
+) -> dict[str, Any]:
+    """The one place where registered parts are wired together. Returns the final metrics."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if getattr(data, "seed", 0) is None:
+        data.seed = seed
+    kwargs = {"vocab_size": data.vocab_size} if hasattr(data, "vocab_size") else {}
+    lm = module(model=model, optimizer=optimizer, scheduler=scheduler, **kwargs)
+    loggers = [CSVLogger(save_dir=str(run_dir), name="csv", version="")]
+    try:
+        import tensorboard  # noqa: F401
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="tb", version=""))
+    except ImportError:
+        pass
+    run = trainer(callbacks=list((callbacks or {}).values()), logger=loggers)
+
+    start = time.time()
+    initial: dict[str, float] = {}
+    if validate_before_fit and ckpt_path is None:
+        initial = {
+            f"{k}_init": _num(v) for k, v in run.validate(lm, datamodule=data, verbose=False)[0].items()
+        }
+    run.fit(lm, datamodule=data, ckpt_path=ckpt_path)
+    metrics = {k: _num(v) for k, v in run.callback_metrics.items()}
+    if test:
+        metrics.update(
+            {f"test/{k}": _num(v) for k, v in run.test(lm, datamodule=data, verbose=False)[0].items()}
+        )
+
+    choices = HydraConfig.get().runtime.choices
+    results = {
+        "recipe": choices.get("recipe"),
+        "choices": {k: v for k, v in choices.items() if not k.startswith("hydra")},
+        "metrics": metrics,
+        "initial_metrics": initial,
+        "global_step": run.global_step,
+        "seconds": round(time.time() - start, 2),
+        "run_dir": str(run_dir),
+        "last_checkpoint": _last_checkpoint(run),
+        "command": "python -m framework.train " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "framework_version": __version__,
+    }
+    if run.is_global_zero:
+        (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+        print(f"results: {run_dir / 'results.json'}")
+    elif run.world_size > 1:  # each rank's own view, to check that ranks agree
+        (run_dir / f"results.rank{run.global_rank}.json").write_text(json.dumps(results, indent=2))
+    return results
+
+
+def _num(v: Any) -> float:
+    value = float(v.item() if hasattr(v, "item") else v)
+    return value if math.isfinite(value) else float("nan")
+
+
+def _last_checkpoint(run: L.Trainer) -> str | None:
+    cb = run.checkpoint_callback
+    if cb is None:
+        return None
+    return getattr(cb, "last_model_path", None) or getattr(cb, "best_model_path", None) or None
+
+
+def register_app() -> None:
+    """Fill the catalog and hand every config (groups, recipes, the primary `train`) to Hydra."""
+    load_catalog()
+    ZEN_STORE(TrainConfig, name="train")
+    ZEN_STORE(
+        HydraConf(
+            job=JobConf(name="train", chdir=False),
+            run=RunDir("outputs/${hydra.job.name}/${now:%Y-%m-%d_%H-%M-%S}"),
+            sweep=SweepDir("multirun/${hydra.job.name}/${now:%Y-%m-%d_%H-%M-%S}", subdir="${hydra.job.num}"),
+        ),
+        name="config",
+        group="hydra",
+    )
+    ZEN_STORE.add_to_hydra_store(overwrite_ok=True)
+
+
+task = zen(train, pre_call=zen(seed_everything))
+
+
+def main() -> None:
+    from framework.cli import exit_on_unknown_choice
+
+    os.environ.setdefault("HYDRA_FULL_ERROR", "0")
+    register_app()
+    exit_on_unknown_choice(sys.argv[1:])
+    task.hydra_main(config_name="train", config_path=None, version_base="1.3")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Recipes: registered compositions of catalog names and values (installed as `framework.recipes`)."""

@@ -1,0 +1,18 @@
+"""Lightning callbacks (multi-select: `callbacks=[checkpoint,lr_monitor]`, `+callbacks=lr_monitor`)."""
+
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
+
+from framework.registry import CALLBACKS
+
+CALLBACKS.register(
+    ModelCheckpoint,
+    name="checkpoint",
+    dirpath="${hydra:runtime.output_dir}/checkpoints",
+    filename="step{step:06d}",  # no '=' in the name, so `ckpt_path=...` needs no quoting on the command line
+    auto_insert_metric_name=False,
+    save_last=True,
+    save_top_k=-1,
+    every_n_train_steps=100,
+)
+CALLBACKS.register(LearningRateMonitor, name="lr_monitor", logging_interval="step")
+CALLBACKS.register(EarlyStopping, name="early_stopping", monitor="val/loss", mode="min", patience=3)
