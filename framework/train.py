@@ -43,6 +43,7 @@ TrainerConf = builds(
     inference_mode=False,  # no_grad for evaluation: metric states stay ordinary tensors across validate/fit
     use_distributed_sampler=False,  # framework data modules shard themselves, deterministically
     enable_model_summary=False,
+    enable_progress_bar=None,  # None: a bar on a terminal, quiet when output goes to a file or pipe
     default_root_dir=RUN_DIR,
 )
 
@@ -113,7 +114,12 @@ def train(
         loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="tb", version=""))
     except ImportError:
         pass
-    run = trainer(callbacks=list((callbacks or {}).values()), logger=loggers)
+    bar = trainer.keywords.get("enable_progress_bar")
+    run = trainer(
+        callbacks=list((callbacks or {}).values()),
+        logger=loggers,
+        enable_progress_bar=sys.stdout.isatty() if bar is None else bar,
+    )
 
     start = time.time()
     initial: dict[str, float] = {}
@@ -123,6 +129,8 @@ def train(
         }
     run.fit(lm, datamodule=data, ckpt_path=ckpt_path)
     metrics = {k: _num(v) for k, v in run.callback_metrics.items()}
+    if run.limit_val_batches:  # the final weights' validation numbers, not the last scheduled check's
+        metrics.update({k: _num(v) for k, v in run.validate(lm, datamodule=data, verbose=False)[0].items()})
     if test:
         metrics.update(
             {f"test/{k}": _num(v) for k, v in run.test(lm, datamodule=data, verbose=False)[0].items()}
@@ -142,11 +150,32 @@ def train(
         "framework_version": __version__,
     }
     if run.is_global_zero:
+        (run_dir / "model_config.json").write_text(json.dumps(model_spec(lm.model, choices.get("model")), indent=2))
         (run_dir / "results.json").write_text(json.dumps(results, indent=2))
-        print(f"results: {run_dir / 'results.json'}")
+        print(summary(results))
     elif run.world_size > 1:  # each rank's own view, to check that ranks agree
         (run_dir / f"results.rank{run.global_rank}.json").write_text(json.dumps(results, indent=2))
     return results
+
+
+def summary(results: dict[str, Any]) -> str:
+    """A one-screen account of a finished run: final metrics (with the untrained values) and where things are."""
+    init = results["initial_metrics"]
+    lines = [f"== {results['recipe'] or 'run'} finished: {results['global_step']} steps in {results['seconds']} s =="]
+    for key, value in sorted(results["metrics"].items()):
+        before = init.get(f"{key}_init")
+        lines.append(f"  {key:24s} {value:10.4f}" + (f"   (untrained: {before:.4f})" if before is not None else ""))
+    lines += [
+        f"  run dir          {results['run_dir']}",
+        f"  results          {results['run_dir']}/results.json",
+        f"  last checkpoint  {results['last_checkpoint']}",
+    ]
+    return "\n".join(lines)
+
+
+def model_spec(model: Any, name: str | None) -> dict[str, Any]:
+    """The registry name and plain constructor values that rebuild `model` (what the Hub's config.json holds)."""
+    return {"name": name, "config": dict(getattr(model, "init_config", {}))}
 
 
 def _num(v: Any) -> float:

@@ -4,8 +4,9 @@ recipe(
     "char_lm",
     description="Byte-level causal transformer LM on CPython's documentation (the foundation's workload).",
     defaults={"data": "byte_corpus", "model": "transformer_lm", "module": "causal_lm", "optimizer": "adamw"},
-    data={"seq_len": 128, "batch_size": 32},
-    model={"dim": 128, "depth": 3, "heads": 4},
+    data={"seq_len": 128, "batch_size": 16},
+    model={"dim": 128, "depth": 2, "heads": 4},
     optimizer={"lr": 3e-3},
-    trainer={"max_steps": 300, "val_check_interval": 100, "limit_val_batches": 20},
+    scheduler={"warmup_steps": 40},
+    trainer={"max_steps": 300, "val_check_interval": 150, "limit_val_batches": 20},
 )

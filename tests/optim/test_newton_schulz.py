@@ -100,7 +100,9 @@ def test_ns5_returns_the_compute_dtype_and_none_keeps_the_input_dtype():
     assert newton_schulz5(g, dtype=None).dtype == torch.float64
 
 
-@pytest.mark.parametrize(("g", "steps", "match"), [(torch.ones(5), 5, "ndim >= 2"), (torch.ones(3, 3), 0, "steps")])
+@pytest.mark.parametrize(
+    ("g", "steps", "match"), [(torch.ones(5), 5, "ndim >= 2"), (torch.ones(3, 3), 0, "steps")]
+)
 def test_ns5_rejects_vectors_and_fewer_than_one_step(g, steps, match):
     with pytest.raises(ValueError, match=match):
         newton_schulz5(g, steps=steps)
