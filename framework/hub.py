@@ -365,22 +365,20 @@ def _model_card(bundle: _Bundle, repo_id: str, has_plot: bool) -> str:
     params = sum(p.numel() for p in bundle.model.parameters())
     rows = "\n".join(f"| {k} | {v:.6g} |" for k, v in sorted(bundle.metrics.items())) or "| (none logged) | |"
     step = f" after step {bundle.global_step}" if bundle.global_step is not None else ""
-    parts = [
-        f"---\n{data.to_yaml()}\n---\n", f"# {repo_id}\n",
-        f"A `{name}` model ({params:,} parameters) trained with [framework](https://github.com/) "
-        + (f"recipe `{cfg['recipe']}`." if cfg.get("recipe") else "."),
-        "\n## Usage\n", f"```python\nfrom framework.hub import from_pretrained\n\nmodel = from_pretrained("
-        f"{repo_id!r})  # eval mode; rebuilt by registry name, safetensors weights\n```\n",
-        f"or `python -m framework.hub pull {repo_id}`.\n", f"\n## Metrics\n\nFinal values{step}.\n",
+    recipe = f" with recipe `{cfg['recipe']}`" if cfg.get("recipe") else ""
+    card = [
+        f"---\n{data.to_yaml()}\n---\n\n# {repo_id}\n\nA `{name}` model ({params:,} parameters) trained by framework"
+        f" {cfg['framework_version']}{recipe}.\n\n## Usage\n\n```python\nfrom framework.hub import from_pretrained\n\n"
+        f"model = from_pretrained({repo_id!r})  # eval mode: rebuilt by registry name, safetensors weights\n```\n\n"
+        f"or `python -m framework.hub pull {repo_id}`.\n\n## Metrics\n\nFinal values{step}.\n\n"
         f"| metric | value |\n|---|---|\n{rows}\n",
     ]
     if has_plot:
-        parts.append(f"\n## Training curves\n\n![training curves]({PLOT_NAME})\n")
-    parts.append(f"\n## Training\n\n- framework version: {cfg['framework_version']}\n")
+        card.append(f"\n## Training curves\n\n![training curves]({PLOT_NAME})\n")
     if cfg.get("command"):
-        parts.append(f"- command:\n\n```bash\n{cfg['command']}\n```\n")
-    parts.append(f"\n## Model config\n\n```json\n{json.dumps(cfg['config'], indent=2)}\n```\n")
-    return "\n".join(parts)
+        card.append(f"\n## Training command\n\n```bash\n{cfg['command']}\n```\n")
+    card.append(f"\n## Model config\n\n```json\n{json.dumps(cfg['config'], indent=2)}\n```\n")
+    return "".join(card)
 
 
 def _commit(folder: Path, repo_id: str, revision: str | None, private: bool, message: str) -> Pushed:

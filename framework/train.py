@@ -116,7 +116,7 @@ def train(
         pass
     bar = trainer.keywords.get("enable_progress_bar")
     run = trainer(
-        callbacks=list((callbacks or {}).values()),
+        callbacks=list((callbacks or {}).values()) + _hub_callbacks(hub),
         logger=loggers,
         enable_progress_bar=sys.stdout.isatty() if bar is None else bar,
     )
@@ -153,6 +153,8 @@ def train(
         (run_dir / "model_config.json").write_text(json.dumps(model_spec(lm.model, choices.get("model")), indent=2))
         (run_dir / "results.json").write_text(json.dumps(results, indent=2))
         print(summary(results))
+        if hub.repo_id:
+            results["hub"] = _push_run(run_dir, hub)
     elif run.world_size > 1:  # each rank's own view, to check that ranks agree
         (run_dir / f"results.rank{run.global_rank}.json").write_text(json.dumps(results, indent=2))
     return results
@@ -176,6 +178,39 @@ def summary(results: dict[str, Any]) -> str:
 def model_spec(model: Any, name: str | None) -> dict[str, Any]:
     """The registry name and plain constructor values that rebuild `model` (what the Hub's config.json holds)."""
     return {"name": name, "config": dict(getattr(model, "init_config", {}))}
+
+
+def _hub_callbacks(hub: Any) -> list[L.Callback]:
+    """Checks `hub.repo_id` before training; `hub.every_n_validations>0` adds intermediate pushes."""
+    if not hub.repo_id:
+        return []
+    from framework.callbacks.hub_push import HubPush
+    from framework.hub import check_repo_id
+
+    check_repo_id(hub.repo_id)
+    if not hub.every_n_validations:
+        return []
+    choices = HydraConfig.get().runtime.choices
+    info = {"recipe": choices.get("recipe"), "model_name": choices.get("model"), "task": choices.get("module"),
+            "datasets": [choices["data"]] if choices.get("data") else [],
+            "command": "python -m framework.train " + " ".join(shlex.quote(a) for a in sys.argv[1:])}
+    return [HubPush(hub.repo_id, hub.revision, hub.private, hub.every_n_validations, push_at_end=False, info=info)]
+
+
+def _push_run(run_dir: Path, hub: Any) -> dict[str, str]:
+    """Push the finished run dir as one commit and record it in results.json; exit 3 (all on disk) if it fails."""
+    from framework.hub import HubPushError, push_to_hub, record_push, retry_command
+
+    args = (hub.repo_id, hub.revision, bool(hub.private))
+    try:
+        pushed = push_to_hub(run_dir, *args)
+    except Exception as err:
+        retry = "" if isinstance(err, HubPushError) else f" Retry with: {retry_command(run_dir, *args)}"
+        print(f"error: training finished and everything is in {run_dir} (results.json, checkpoints, logs), but the"
+              f" push to the Hub failed. {err}{retry}", file=sys.stderr)
+        raise SystemExit(3) from None
+    print(f"pushed to the Hub: {pushed.url}")
+    return record_push(run_dir, pushed)
 
 
 def _num(v: Any) -> float:

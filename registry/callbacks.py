@@ -2,6 +2,7 @@
 
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 
+from framework.callbacks.hub_push import HubPush
 from framework.registry import CALLBACKS
 
 CALLBACKS.register(
@@ -16,3 +17,4 @@ CALLBACKS.register(
 )
 CALLBACKS.register(LearningRateMonitor, name="lr_monitor", logging_interval="step")
 CALLBACKS.register(EarlyStopping, name="early_stopping", monitor="val/loss", mode="min", patience=3)
+CALLBACKS.register(HubPush, name="hub_push")  # `+callbacks=hub_push callbacks.hub_push.repo_id=me/model`

@@ -30,9 +30,10 @@ NON_HIDDEN_PREFIXES = ("ln",)
 def is_hidden_matrix(name: str, p: Tensor) -> bool:
     """Default routing (§1.5): True for ≥2-D weights whose name marks no embedding/head/norm/bias/token.
 
-    ≥3-D tensors count as conv kernels, viewed as (out, in·k…); stacked MoE expert weights (E, out, in)
-    would be viewed the same way, so route those with a custom predicate. Unnamed tensors (name "") are routed
-    by ndim alone.
+    Names are matched per dot-separated part, so a first conv named `stem` (or `patch_embed`) goes to AdamW,
+    and so does BERT's `attention.output.dense` (pass a predicate there). ≥3-D tensors count as conv kernels,
+    viewed as (out, in·k…); stacked MoE expert weights (E, out, in) would be viewed the same way, so route
+    those with a custom predicate. Unnamed tensors (name "") are routed by ndim alone.
     """
     if p.ndim < 2:
         return False

@@ -48,7 +48,8 @@ class OLion(torch.optim.Optimizer):
     `params`: (name, Parameter) pairs (preferred: `model.named_parameters()`), plain tensors (then routed by
     ndim alone, so embeddings/heads would go to OLion: pass names), or group dicts (each is routed, unless
     it sets "use_olion" itself). Each resulting group has `use_olion`; in AdamW groups `lr`, `betas`, `eps`,
-    `weight_decay` hold the AdamW values (`adamw_*`). 1-D params (norms, biases) are never decayed.
+    `weight_decay` hold the AdamW values (`adamw_*`; `adamw_lr` and `adamw_weight_decay` default to `lr` and
+    `weight_decay`). The AdamW branch decays ≥2-D params (embeddings, heads) only, never norms or biases.
 
     β1 (`betas[0]`) is the interpolation weight and β2 the EMA decay, as in the authors' code:
     m ← β2·m + (1−β2)·g first, then c = (1−β1)·g + β1·m with the new m (`pre_update_momentum=True`: the old
@@ -57,9 +58,10 @@ class OLion(torch.optim.Optimizer):
     ±0.2·lr, the same RMS as AdamW, and `lr` is meant to be the AdamW lr. `sign=False` drops the sign step
     (the NS-only ablation, see framework.optim.muon.OrthoMomentum).
 
-    `ns_dtype=None` runs Newton–Schulz in bf16 on CUDA and fp32 elsewhere (CPUs without bf16 units run bf16
-    matmuls 30–70× slower). Under DDP every rank computes the same update from the already-averaged grads;
-    sharded (FSDP/DTensor) hidden matrices are refused. Params whose grad is None are skipped.
+    `ns_dtype` (a dtype or its name) sets the Newton–Schulz dtype; None means bf16 on CUDA and fp32 elsewhere
+    (CPUs without bf16 units run bf16 matmuls 30–70× slower). Under DDP every rank computes the same update
+    from the already-averaged grads; sharded (FSDP/DTensor) hidden matrices are refused. Params whose grad is
+    None are skipped.
     """
 
     def __init__(
@@ -69,7 +71,7 @@ class OLion(torch.optim.Optimizer):
         betas: tuple[float, float] = (0.95, 0.98),
         weight_decay: float = 0.1,
         ns_steps: int = 5,
-        ns_dtype: torch.dtype | None = None,
+        ns_dtype: torch.dtype | str | None = None,
         use_scale: bool = True,
         rms_scale: bool = True,
         nesterov: bool = True,
@@ -82,6 +84,10 @@ class OLion(torch.optim.Optimizer):
         adamw_weight_decay: float | None = None,
         predicate: Predicate | None = None,
     ) -> None:
+        if isinstance(ns_dtype, str):  # "bfloat16" / "float32", e.g. from a Hydra override
+            if not isinstance(getattr(torch, ns_dtype, None), torch.dtype):
+                raise ValueError(f"ns_dtype={ns_dtype!r} is invalid: use a torch dtype name, e.g. 'bfloat16'")
+            ns_dtype = getattr(torch, ns_dtype)
         defaults = dict(
             lr=lr,
             betas=tuple(betas),

@@ -314,7 +314,7 @@ def run_lm(opt_factory, model, steps):
 
 def test_state_dict_round_trip_continues_bitwise():
     torch.manual_seed(0)
-    make = lambda m: OLion(m.named_parameters(), lr=1e-2, ns_dtype=torch.bfloat16)
+    make = lambda m: OLion(m.named_parameters(), lr=1e-2, ns_dtype="bfloat16")
     a = TinyGPT()
     opt_a = run_lm(make, a, 3)
     buf = io.BytesIO()
@@ -379,6 +379,7 @@ def test_params_without_grad_are_skipped():
         ({"betas": (0.9, 1.0)}, r"betas=\(0.9, 1.0\) is invalid.*\[0, 1\)"),
         ({"adamw_betas": (-0.1, 0.9)}, r"adamw_betas=\(-0.1, 0.9\) is invalid.*\[0, 1\)"),
         ({"ns_steps": 0}, r"ns_steps=0 is invalid: must be an integer >= 1"),
+        ({"ns_dtype": "bf16"}, r"ns_dtype='bf16' is invalid"),
         ({"predicate": lambda n, p: True}, r"'h.0.ln_1.weight' \(shape \(16,\)\).*ndim >= 2"),
     ],
 )

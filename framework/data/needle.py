@@ -1,0 +1,187 @@
+"""The "needle" retrieval task of spec 1.4: find the value after a marker, then answer it after many masks.
+
+Row: `BOS c_0 .. c_{C-1} SEP v SEP v EOS^p PAD...`. The context has C = 16 content tokens holding one
+`NDL v` pair at slot q (context positions 2q, 2q+1; q = 0 is farthest from the answer); filler and value share
+the content vocabulary, so the model must find the marker. The prompt is `BOS context SEP`; the answer sits
+right after it. p ~ U{0..max_eos} trailing EOS mirror LLaDA's EOS-padded SFT responses. Generated from a
+seed: no download, same rows for the same seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from framework.data.resumable import train_loader
+
+PAD, MASK, BOS, SEP, EOS, NDL = range(6)
+FIRST_SYMBOL = 6  # content tokens are FIRST_SYMBOL .. FIRST_SYMBOL + n_symbols - 1
+
+
+def _check(n_symbols: int, context_len: int, max_eos: int) -> None:
+    if n_symbols < 2:
+        raise ValueError(f"n_symbols={n_symbols} must be >= 2")
+    if context_len < 2 or context_len % 2:
+        raise ValueError(f"context_len={context_len} must be an even number >= 2 (slots are token pairs)")
+    if max_eos < 0:
+        raise ValueError(f"max_eos={max_eos} must be >= 0")
+
+
+def prompt_length(context_len: int = 16) -> int:
+    """Length of `BOS context SEP`; also the absolute position of the answer token."""
+    return context_len + 2
+
+
+def needle_position(slot: Tensor | int) -> Tensor | int:
+    """Absolute position of the NDL marker of slot q (BOS is position 0); the value follows it."""
+    return 1 + 2 * slot
+
+
+def needle_prompts(
+    slots: Tensor, generator: torch.Generator | None = None, n_symbols: int = 12, context_len: int = 16
+) -> dict[str, Tensor]:
+    """Prompts `BOS context SEP` (n, context_len + 2) with the needle at `slots` (n,); also returns the values."""
+    _check(n_symbols, context_len, 0)
+    slots = torch.as_tensor(slots, dtype=torch.long)
+    if slots.numel() and (slots.min() < 0 or slots.max() >= context_len // 2):
+        raise ValueError(f"slots must lie in [0, {context_len // 2 - 1}], got {slots.unique().tolist()}")
+    n = slots.shape[0]
+    context = torch.randint(FIRST_SYMBOL, FIRST_SYMBOL + n_symbols, (n, context_len), generator=generator)
+    value = torch.randint(FIRST_SYMBOL, FIRST_SYMBOL + n_symbols, (n,), generator=generator)
+    rows = torch.arange(n)
+    context[rows, 2 * slots] = NDL
+    context[rows, 2 * slots + 1] = value
+    prompt = torch.cat([torch.full((n, 1), BOS), context, torch.full((n, 1), SEP)], dim=1)
+    return {"prompt": prompt, "value": value, "slot": slots}
+
+
+def needle_rows(
+    n: int, generator: torch.Generator | None = None, n_symbols: int = 12, context_len: int = 16, max_eos: int = 32
+) -> dict[str, Tensor]:
+    """n training rows of fixed length context_len + 5 + max_eos, right-padded with PAD.
+
+    Keys: tokens, attention_mask (True = real), prompt_mask (True = prompt: kept clean in SFT-style masking),
+    slot, value, length.
+    """
+    _check(n_symbols, context_len, max_eos)
+    slots = torch.randint(0, context_len // 2, (n,), generator=generator)
+    made = needle_prompts(slots, generator, n_symbols, context_len)
+    eos = torch.randint(0, max_eos + 1, (n,), generator=generator)
+    p = prompt_length(context_len)
+    width = p + 3 + max_eos
+    v = made["value"][:, None]
+    tokens = torch.full((n, width), PAD)
+    tokens[:, :p] = made["prompt"]
+    tokens[:, p : p + 3] = torch.cat([v, torch.full_like(v, SEP), v], dim=1)
+    pos = torch.arange(width)[None]
+    length = p + 3 + eos
+    tokens = torch.where((pos >= p + 3) & (pos < length[:, None]), EOS, tokens)
+    return {
+        "tokens": tokens,
+        "attention_mask": pos < length[:, None],
+        "prompt_mask": (pos < p).expand(n, width).clone(),
+        "slot": slots,
+        "value": made["value"],
+        "length": length,
+    }
+
+
+def with_masks(prompt: Tensor, m: int, mask_id: int = MASK) -> Tensor:
+    """Evaluation input `prompt + [MASK]^(1+m)`: the answer mask plus m appended masks (spec 1.4)."""
+    if m < 0:
+        raise ValueError(f"m={m} appended masks must be >= 0")
+    return torch.cat([prompt, prompt.new_full((prompt.shape[0], 1 + m), mask_id)], dim=1)
+
+
+def needle_eval_batch(
+    m: int,
+    slots: Iterable[int] = range(8),
+    n_per_slot: int = 400,
+    generator: torch.Generator | None = None,
+    n_symbols: int = 12,
+    context_len: int = 16,
+) -> dict[str, Tensor | int]:
+    """`n_per_slot` prompts per slot, each followed by 1+m masks; same generator seed gives the same prompts
+    for every m. Keys: tokens, prompt, answer (the value), answer_position (an int), slot."""
+    slot_rows = torch.tensor(list(slots), dtype=torch.long).repeat_interleave(n_per_slot)
+    made = needle_prompts(slot_rows, generator, n_symbols, context_len)
+    return {
+        "tokens": with_masks(made["prompt"], m),
+        "prompt": made["prompt"],
+        "answer": made["value"],
+        "answer_position": prompt_length(context_len),
+        "slot": slot_rows,
+    }
+
+
+class NeedleDataset(Dataset):
+    """A fixed set of needle rows generated from `seed`; items are dicts of tensors (see `needle_rows`)."""
+
+    def __init__(self, n: int, seed: int, n_symbols: int = 12, context_len: int = 16, max_eos: int = 32):
+        if n < 1:
+            raise ValueError(f"n={n} rows must be >= 1")
+        self.rows = needle_rows(n, torch.Generator().manual_seed(seed), n_symbols, context_len, max_eos)
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        return {key: value[i] for key, value in self.rows.items()}
+
+
+class NeedleData(L.LightningDataModule):
+    """Needle retrieval (spec 1.4): `n_train` training rows from `seed`, `n_val` held-out rows from another stream."""
+
+    pad_id, mask_id, bos_id, sep_id, eos_id, needle_id = PAD, MASK, BOS, SEP, EOS, NDL
+
+    def __init__(
+        self,
+        n_symbols: int = 12,
+        context_len: int = 16,
+        max_eos: int = 32,
+        n_train: int = 20_000,
+        n_val: int = 2_000,
+        batch_size: int = 64,
+        seed: int = 0,
+        num_workers: int = 0,
+    ):
+        super().__init__()
+        _check(n_symbols, context_len, max_eos)
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1")
+        self.n_symbols, self.context_len, self.max_eos = n_symbols, context_len, max_eos
+        self.n_train, self.n_val, self.batch_size, self.seed = n_train, n_val, batch_size, seed
+        self.num_workers = num_workers
+        self.vocab_size = FIRST_SYMBOL + n_symbols
+        self.prompt_length = prompt_length(context_len)
+        self.answer_position = self.prompt_length
+        self.max_len = self.prompt_length + 3 + max_eos
+        self.n_slots = context_len // 2
+        self.train_set: NeedleDataset | None = None
+        self.val_set: NeedleDataset | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        shape = dict(n_symbols=self.n_symbols, context_len=self.context_len, max_eos=self.max_eos)
+        self.train_set = NeedleDataset(self.n_train, self.seed, **shape)
+        self.val_set = NeedleDataset(self.n_val, self.seed + 1_000_003, **shape)  # a disjoint random stream
+
+    def eval_batch(self, m: int, n_per_slot: int = 400, seed: int | None = None) -> dict[str, Tensor | int]:
+        """Held-out `prompt + [MASK]^(1+m)` inputs over every slot; the same `seed` gives the same prompts."""
+        g = torch.Generator().manual_seed(self.seed + 2_000_006 if seed is None else seed)
+        return needle_eval_batch(m, range(self.n_slots), n_per_slot, g, self.n_symbols, self.context_len)
+
+    def train_dataloader(self) -> DataLoader:
+        return train_loader(self.train_set, self.batch_size, self.seed, self.trainer, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.val_dataloader()

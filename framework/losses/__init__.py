@@ -1,0 +1,39 @@
+"""Losses: the MDLM NELBO (spec 1.1) and the reconstructed mask-agnostic CE + TV loss (spec 1.2)."""
+
+from framework.losses.mask_agnostic import (
+    DIVERGENCES,
+    MaskAgnosticLoss,
+    js_from_log_probs,
+    kl_from_log_probs,
+    mask_agnostic_views,
+    tv_distance,
+)
+from framework.losses.mdlm import (
+    LogLinearSchedule,
+    NelboBound,
+    bits_per_token,
+    mask_tokens,
+    mdlm_nelbo,
+    model_logits,
+    perplexity_upper_bound,
+    stratified_times,
+    subs_log_probs,
+)
+
+__all__ = [
+    "DIVERGENCES",
+    "LogLinearSchedule",
+    "MaskAgnosticLoss",
+    "NelboBound",
+    "bits_per_token",
+    "js_from_log_probs",
+    "kl_from_log_probs",
+    "mask_agnostic_views",
+    "mask_tokens",
+    "mdlm_nelbo",
+    "model_logits",
+    "perplexity_upper_bound",
+    "stratified_times",
+    "subs_log_probs",
+    "tv_distance",
+]

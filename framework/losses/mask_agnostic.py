@@ -1,0 +1,202 @@
+"""Mask-agnostic loss for masked diffusion LMs (Piskorz et al., "Masks Can Be Distracting", ICML 2026).
+
+RECONSTRUCTION, not the authors' equation: the paper text was unavailable; the abstract and summaries say only
+"cross-entropy with a distributional alignment term (CE + TV)" that makes predictions invariant to the number of
+appended masks. The form below is spec 1.2 [inferred]:
+
+    L = 1/2 [CE(y, p^(k1)) + CE(y, p^(k2))] + lam * D(p^(k1), p^(k2)),   x(k) = [prompt, MASK^n, MASK^k]
+
+with p^(k) the SUBS distribution at the n target positions (identical absolute positions in both views) and
+D = TV by default, p^(k1) detached (the few-mask view is the teacher; best in the spec's toy, 1.4).
+The model is any callable `model(tokens[, key_padding_mask=...]) -> logits`; the caller adds the MDLM loss.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from einops import repeat
+from torch import Tensor, nn
+
+from framework.losses.mdlm import model_logits, subs_log_probs
+
+DIVERGENCES = ("tv", "tv_symmetric", "kl", "js")
+CE_VIEWS = ("both", "few", "many", "none")
+K_SAMPLING = ("per_batch", "per_example")
+
+
+def tv_distance(p: Tensor, q: Tensor) -> Tensor:
+    """Total variation 1/2 sum_v |p_v - q_v| along the last dim; in [0, 1] for distributions (spec 1.2)."""
+    return 0.5 * (p - q).abs().sum(-1)
+
+
+def kl_from_log_probs(log_p: Tensor, log_q: Tensor) -> Tensor:
+    """KL(p || q) along the last dim from log-probs; entries with p = 0 (SUBS' -1e6) contribute 0."""
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+def js_from_log_probs(log_p: Tensor, log_q: Tensor) -> Tensor:
+    """Jensen-Shannon divergence 1/2 KL(p || m) + 1/2 KL(q || m), m = (p + q) / 2, from log-probs."""
+    log_m = torch.logaddexp(log_p, log_q) - math.log(2)
+    return 0.5 * (kl_from_log_probs(log_p, log_m) + kl_from_log_probs(log_q, log_m))
+
+
+def mask_agnostic_views(
+    prompt: Tensor,
+    n_targets: int,
+    tails: Tensor,
+    mask_id: int,
+    pad_id: int,
+    prompt_lengths: Tensor | None = None,
+    revealed: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Rows `[prompt_r, MASK^n, MASK^tails_r, PAD...]` for prompts (R, P) and tail lengths (R,) (spec 1.2).
+
+    Returns tokens (R, T), key_padding_mask (R, T; True = real) and the ABSOLUTE target positions (R, n),
+    which depend on the prompt length only, never on the tail. `revealed` (R, n) holds target ids to show
+    in place of the mask, or -1 to keep the mask.
+    """
+    rows, width = prompt.shape
+    device = prompt.device
+    lengths = torch.full((rows,), width, device=device) if prompt_lengths is None else prompt_lengths.to(device)
+    tails = tails.to(device)
+    if (tails < 0).any():
+        raise ValueError(f"tail lengths must be >= 0, got min {int(tails.min())}")
+    if (lengths < 0).any() or (lengths > width).any():
+        raise ValueError(f"prompt_lengths must lie in [0, {width}], got {lengths.tolist()}")
+    real_len = lengths + n_targets + tails
+    total = int(real_len.max())
+    pos = torch.arange(total, device=device)
+    tokens = torch.full((rows, total), pad_id, dtype=prompt.dtype, device=device)
+    in_prompt = pos[None] < lengths[:, None]
+    w = min(width, total)
+    tokens[:, :w] = torch.where(in_prompt[:, :w], prompt[:, :w], tokens[:, :w])
+    key_padding_mask = pos[None] < real_len[:, None]
+    tokens[key_padding_mask & ~in_prompt] = mask_id
+    targets_at = lengths[:, None] + torch.arange(n_targets, device=device)[None]
+    if revealed is not None:
+        shown = tokens.gather(1, targets_at)
+        tokens.scatter_(1, targets_at, torch.where(revealed >= 0, revealed.to(tokens.dtype), shown))
+    return tokens, key_padding_mask, targets_at
+
+
+class MaskAgnosticLoss(nn.Module):
+    """CE on the targets in a few-mask view x(k1) and a many-mask view x(k2), plus lam * D(p^(k1), p^(k2)).
+
+    A reconstruction from the paper's abstract and summaries (spec 1.2, [inferred]); see the module docstring.
+    k2 ~ U{k1+1..k_max}, drawn once per batch or per example; both views go through one forward pass of
+    2B rows, right-padded with PAD that a key-padding mask hides from attention.
+    """
+
+    def __init__(
+        self,
+        mask_id: int,
+        pad_id: int,
+        lam: float = 1.0,
+        k1: int = 0,
+        k_max: int = 16,
+        divergence: str = "tv",
+        stopgrad_anchor: bool | None = None,
+        ce_views: str = "both",
+        k_sampling: str = "per_batch",
+        partial_target_prob: float = 0.0,
+    ):
+        super().__init__()
+        if mask_id == pad_id:
+            raise ValueError(f"mask_id and pad_id must differ, both are {mask_id}")
+        if divergence not in DIVERGENCES:
+            raise ValueError(f"unknown divergence {divergence!r}; valid: {', '.join(DIVERGENCES)}")
+        if ce_views not in CE_VIEWS:
+            raise ValueError(f"unknown ce_views {ce_views!r}; valid: {', '.join(CE_VIEWS)}")
+        if k_sampling not in K_SAMPLING:
+            raise ValueError(f"unknown k_sampling {k_sampling!r}; valid: {', '.join(K_SAMPLING)}")
+        if k1 < 0:
+            raise ValueError(f"k1={k1} must be >= 0")
+        if k_max < k1 + 1:
+            raise ValueError(f"k_max={k_max} must be >= k1 + 1 = {k1 + 1} so that k2 ~ U{{k1+1..k_max}} exists")
+        if lam < 0:
+            raise ValueError(f"lam={lam} must be >= 0")
+        if not 0.0 <= partial_target_prob <= 1.0:
+            raise ValueError(f"partial_target_prob={partial_target_prob} must be in [0, 1]")
+        if divergence == "tv_symmetric" and stopgrad_anchor:
+            raise ValueError("divergence='tv_symmetric' sends gradients through both views; it needs stopgrad_anchor "
+                             "False or None, got True (use divergence='tv' for a detached anchor)")
+        self.mask_id, self.pad_id, self.lam, self.k1, self.k_max = mask_id, pad_id, lam, k1, k_max
+        self.divergence, self.ce_views, self.k_sampling = divergence, ce_views, k_sampling
+        self.stopgrad_anchor = divergence != "tv_symmetric" if stopgrad_anchor is None else stopgrad_anchor
+        self.partial_target_prob = partial_target_prob
+
+    def extra_repr(self) -> str:
+        return (f"lam={self.lam}, k1={self.k1}, k_max={self.k_max}, divergence={self.divergence!r}, "
+                f"stopgrad_anchor={self.stopgrad_anchor}, ce_views={self.ce_views!r}, k_sampling={self.k_sampling!r}")
+
+    def sample_k2(self, batch: int, generator: torch.Generator | None = None, device: Any = None) -> Tensor:
+        """k2 ~ U{k1+1..k_max}: one draw shared by the batch (`per_batch`) or one per row (`per_example`)."""
+        draws = 1 if self.k_sampling == "per_batch" else batch
+        k2 = torch.randint(self.k1 + 1, self.k_max + 1, (draws,), generator=generator)
+        return k2.expand(batch).to(device)
+
+    def _reveal(self, target: Tensor, generator: torch.Generator | None) -> Tensor:
+        """Spec 1.2 partial targets: with prob `partial_target_prob` a row shows a random fraction t of its
+        targets (the same pattern in both views); returns the shown ids, -1 where the mask stays."""
+        batch, n = target.shape
+        rows_on = torch.rand(batch, generator=generator) < self.partial_target_prob
+        frac = torch.rand(batch, 1, generator=generator)
+        shown = (torch.rand(batch, n, generator=generator) < frac) & rows_on[:, None]
+        return torch.where(shown.to(target.device), target, torch.full_like(target, -1))
+
+    def forward(
+        self,
+        model: Any,
+        prompt: Tensor,
+        target: Tensor,
+        prompt_lengths: Tensor | None = None,
+        *,
+        target_mask: Tensor | None = None,
+        k2: Tensor | int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Loss over a batch: `prompt` (B, P) (right-padded if `prompt_lengths` is given), `target` (B, n).
+
+        `target_mask` (B, n; True = score) drops positions from CE and the divergence (e.g. EOS padding);
+        `k2` overrides the sampled tail of the many-mask view (an int or one value per row, may equal k1).
+        """
+        batch, n = target.shape
+        device = target.device
+        if prompt.shape[0] != batch:
+            raise ValueError(f"prompt has {prompt.shape[0]} rows but target has {batch}")
+        if k2 is None:
+            k2 = self.sample_k2(batch, generator, device)
+        k2 = torch.as_tensor(k2, device=device).expand(batch)
+        k1 = torch.full((batch,), self.k1, device=device)
+        revealed = self._reveal(target, generator) if self.partial_target_prob > 0 else None
+        scored = torch.ones_like(target, dtype=torch.bool) if target_mask is None else target_mask.bool()
+        if revealed is not None:
+            scored = scored & (revealed < 0)
+            revealed = repeat(revealed, "b n -> (v b) n", v=2)
+        lengths = None if prompt_lengths is None else repeat(prompt_lengths, "b -> (v b)", v=2)
+        tokens, kpm, at = mask_agnostic_views(
+            repeat(prompt, "b p -> (v b) p", v=2), n, torch.cat([k1, k2]), self.mask_id, self.pad_id, lengths, revealed
+        )
+        logits = model_logits(model, tokens, None if bool(kpm.all()) else kpm)
+        picked = logits.gather(1, repeat(at, "r n -> r n v", v=logits.shape[-1]))
+        log_probs = subs_log_probs(picked, tokens.gather(1, at), self.mask_id, never_predict=(self.pad_id,))
+        lp1, lp2 = log_probs.chunk(2)
+        weight = scored.float() / scored.sum().clamp_min(1)
+        ce = -torch.cat([lp1, lp2]).gather(-1, repeat(target, "b n -> (v b) n 1", v=2)).squeeze(-1)
+        ce1, ce2 = ((c * weight).sum() for c in ce.chunk(2))
+        anchor = lp1.detach() if self.stopgrad_anchor else lp1
+        tv = (tv_distance(anchor.exp(), lp2.exp()) * weight).sum()
+        if self.divergence in ("tv", "tv_symmetric"):
+            div = tv
+        elif self.divergence == "kl":
+            div = (kl_from_log_probs(anchor, lp2) * weight).sum()
+        else:
+            div = (js_from_log_probs(anchor, lp2) * weight).sum()
+        ce_term = {"both": 0.5 * (ce1 + ce2), "few": ce1, "many": ce2, "none": torch.zeros_like(ce1)}[self.ce_views]
+        loss = ce_term + self.lam * div
+        stats = {"ce_k1": ce1.detach(), "ce_k2": ce2.detach(), "tv": tv.detach(), "k2": k2.float().mean(),
+                 self.divergence: div.detach()}
+        return loss, stats

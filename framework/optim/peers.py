@@ -1,0 +1,18 @@
+"""Peer optimizers from other packages, imported only when built (so the catalog loads without them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def lion(
+    params: Any, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0
+) -> torch.optim.Optimizer:
+    """Lion (Chen et al. 2023) from lucidrains' `lion-pytorch`, the reference peer for OLion."""
+    try:
+        from lion_pytorch import Lion
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError("optimizer 'lion' needs the lion-pytorch package: pip install 'framework[bench]'") from err
+    return Lion(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
