@@ -32,10 +32,8 @@ from torch import nn
 from framework import __version__
 from framework.registry import MODELS, UnknownNameError, load_catalog
 
-__all__ = [
-    "HubPushError", "Pushed", "UnsafeConfigError", "UnsafeWeightsError", "check_repo_id", "from_pretrained",
-    "load_config", "main", "push_to_hub", "record_push", "retry_command", "validate_config",
-]
+__all__ = ["HubPushError", "Pushed", "UnsafeConfigError", "UnsafeWeightsError", "check_repo_id", "from_pretrained",
+           "load_config", "main", "push_to_hub", "record_push", "retry_command", "validate_config"]
 
 CONFIG_NAME, WEIGHTS_NAME, CARD_NAME = "config.json", "model.safetensors", "README.md"
 PLOT_NAME, TRAIN_CONFIG_NAME = "training_curves.png", "train_config.yaml"
@@ -70,9 +68,6 @@ class Pushed:
     commit: str
     url: str
 
-    def as_dict(self) -> dict[str, str]:
-        return asdict(self)
-
 
 # ---- config.json: what may be loaded -------------------------------------------------------------------
 def validate_config(config: Any) -> dict[str, Any]:
@@ -91,12 +86,10 @@ def validate_config(config: Any) -> dict[str, Any]:
     except UnknownNameError as err:
         raise UnsafeConfigError(f"config.json names an unregistered model: {err}") from err
     params = inspect.signature(target).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        unknown = sorted(set(values) - set(params))
-        if unknown:
-            raise UnsafeConfigError(
-                f"config.json sets {', '.join(unknown)}, which model {name!r} does not take; valid: {', '.join(params)}"
-            )
+    unknown = sorted(set(values) - set(params))
+    if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        raise UnsafeConfigError(
+            f"config.json sets {', '.join(unknown)}, which model {name!r} does not take; valid: {', '.join(params)}")
     return config
 
 
@@ -121,9 +114,8 @@ def _check_plain(node: Any, where: str) -> None:
         raise UnsafeConfigError(f"{where} = {node!r} is not a plain JSON value")
 
 
-def build_model(config: dict[str, Any]) -> nn.Module:
-    """Build the model a validated `config.json` names, through the registry (no import paths involved)."""
-    config = validate_config(config)
+def _build(config: dict[str, Any]) -> nn.Module:
+    """The model a validated `config.json` names, built through the registry (no import path involved)."""
     return MODELS.build(config["name"], **config.get("config", {}))
 
 
@@ -131,8 +123,7 @@ def build_model(config: dict[str, Any]) -> nn.Module:
 def _download(repo_id: str, filename: str, revision: str | None) -> str:
     from huggingface_hub import hf_hub_download
 
-    return hf_hub_download(repo_id, filename, revision=revision, library_name="framework",
-                           library_version=__version__)
+    return hf_hub_download(repo_id, filename, revision=revision, library_name="framework", library_version=__version__)
 
 
 def _fetch_config(repo_id: str, revision: str | None) -> tuple[dict[str, Any], str | None]:
@@ -168,18 +159,15 @@ def _load(repo_id: str, revision: str | None) -> tuple[nn.Module, dict[str, Any]
     try:
         weights = _download(repo_id, WEIGHTS_NAME, commit or revision)  # same commit as config.json
     except EntryNotFoundError as err:
-        raise UnsafeWeightsError(
-            f"{where} has no {WEIGHTS_NAME}; framework loads safetensors only and never unpickles"
-            " (pytorch_model.bin, *.pt, *.ckpt are refused)"
-        ) from err
+        raise UnsafeWeightsError(f"{where} has no {WEIGHTS_NAME}; framework loads safetensors only and never"
+                                 " unpickles (pytorch_model.bin, *.pt, *.ckpt are refused)") from err
     try:
         with safe_open(weights, framework="pt") as f:
             list(f.keys())
     except (SafetensorError, OSError, ValueError) as err:
-        raise UnsafeWeightsError(
-            f"{WEIGHTS_NAME} of {where} is not a safetensors file ({err}); refusing it (pickles are never loaded)"
-        ) from err
-    model = build_model(config)
+        raise UnsafeWeightsError(f"{WEIGHTS_NAME} of {where} is not a safetensors file ({err}); refusing it"
+                                 " (pickles are never loaded)") from err
+    model = _build(config)
     try:
         load_model(model, weights, strict=True)
     except (RuntimeError, SafetensorError) as err:
@@ -221,15 +209,9 @@ def retry_command(run_dir: str | Path, repo_id: str, revision: str | None = None
     return cmd + (f" --revision {shlex.quote(revision)}" if revision else "") + (" --private" if private else "")
 
 
-def push_to_hub(
-    run_dir_or_module: str | Path | nn.Module,
-    repo_id: str,
-    revision: str | None = None,
-    private: bool = False,
-    *,
-    commit_message: str | None = None,
-    info: dict[str, Any] | None = None,
-) -> Pushed:
+def push_to_hub(run_dir_or_module: str | Path | nn.Module, repo_id: str, revision: str | None = None,
+                private: bool = False, *, commit_message: str | None = None, info: dict[str, Any] | None = None
+                ) -> Pushed:
     """Publish a `framework.train` run dir (its last checkpoint) or a live model/TrainModule as ONE commit.
 
     `info` adds card details for module pushes: `recipe`, `command`, `datasets`, `model_name`. Everything is
@@ -256,10 +238,10 @@ def push_to_hub(
 
             raise HubPushError(
                 f"Pushing {what} to the Hub repo {repo_id!r} (revision {revision or 'main'}) at {constants.ENDPOINT}"
-                f" failed: {type(err).__name__}: {_redact(str(err))}. No partial commit was made"
+                f" failed: {type(err).__name__}: {' '.join(_redact(str(err)).split())}. No partial commit was made"
                 + (f" and {what} is intact." if retry else "."),
                 retry,
-            ) from None
+            ) from err
 
 
 def _bundle_from_run_dir(run_dir: Path) -> _Bundle:
@@ -287,7 +269,7 @@ def _bundle_from_run_dir(run_dir: Path) -> _Bundle:
         raise UnsafeWeightsError(f"{ckpt_path} holds no state_dict")
     if any(k.startswith("model.") for k in state):  # a LightningModule's keys: keep its backbone `.model`
         state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
-    model = build_model(config)
+    model = _build(config)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:
@@ -339,12 +321,8 @@ def _stage(bundle: _Bundle, folder: Path, repo_id: str) -> None:
     if bundle.train_config is not None:
         shutil.copyfile(bundle.train_config, folder / TRAIN_CONFIG_NAME)
     has_plot = False
-    if bundle.metrics_csv is not None:
-        try:
-            plot_training_curves(bundle.metrics_csv, folder / PLOT_NAME)
-            has_plot = True
-        except ValueError:  # nothing logged yet: a card without a plot
-            pass
+    with contextlib.suppress(ValueError):  # nothing logged yet: a card without a plot
+        has_plot = bundle.metrics_csv is not None and plot_training_curves(bundle.metrics_csv, folder / PLOT_NAME)
     (folder / CARD_NAME).write_text(_model_card(bundle, repo_id, has_plot))
 
 
@@ -356,12 +334,9 @@ def _model_card(bundle: _Bundle, repo_id: str, has_plot: bool) -> str:
     dataset = bundle.datasets[0] if bundle.datasets else "unknown"
     evals = [EvalResult(task_type=bundle.task or "other", dataset_type=dataset, dataset_name=dataset,
                         metric_type=k, metric_name=k, metric_value=v) for k, v in finite.items()]
-    data = ModelCardData(
-        library_name="framework", tags=[t for t in ("framework", "pytorch-lightning", "safetensors", name,
-                                                    cfg.get("recipe")) if t],
-        datasets=bundle.datasets or None, metrics=list(finite) or None, model_name=repo_id,
-        eval_results=evals or None,
-    )
+    tags = [t for t in ("framework", "pytorch-lightning", "safetensors", name, cfg.get("recipe")) if t]
+    data = ModelCardData(library_name="framework", tags=tags, datasets=bundle.datasets or None,
+                         metrics=list(finite) or None, model_name=repo_id, eval_results=evals or None)
     params = sum(p.numel() for p in bundle.model.parameters())
     rows = "\n".join(f"| {k} | {v:.6g} |" for k, v in sorted(bundle.metrics.items())) or "| (none logged) | |"
     step = f" after step {bundle.global_step}" if bundle.global_step is not None else ""
@@ -408,12 +383,10 @@ def record_push(run_dir: str | Path, pushed: Pushed) -> dict[str, str]:
     """Record `pushed` as `"hub"` in run_dir/results.json (atomically); returns what was recorded."""
     path = Path(run_dir) / "results.json"
     if path.is_file():
-        results = json.loads(path.read_text())
-        results["hub"] = pushed.as_dict()
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(results, indent=2))
+        tmp.write_text(json.dumps({**json.loads(path.read_text()), "hub": asdict(pushed)}, indent=2))
         os.replace(tmp, path)
-    return pushed.as_dict()
+    return asdict(pushed)
 
 
 # ---- CLI ----------------------------------------------------------------------------------------------------
@@ -446,15 +419,11 @@ def main(argv: list[str] | None = None) -> int:
             values = ", ".join(f"{k}={v}" for k, v in config["config"].items())
             print(f"downloaded {args.repo_id}@{commit or args.revision or 'main'} to {Path(weights).parent}")
             print(f"{config['name']} ({type(model).__name__}, {params:,} parameters): {values}")
-    except HubPushError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except (ValueError, TypeError, LookupError, FileNotFoundError) as err:
-        print(f"error: {_redact(str(err))}", file=sys.stderr)
-        return 2
-    except Exception as err:  # unreachable Hub, missing repo, ...: one line, never a token
-        print(f"error: {type(err).__name__}: {_redact(str(err))}", file=sys.stderr)
-        return 1
+    except Exception as err:  # one line, never a token: 2 = refused input, 1 = the Hub failed
+        bad_input = isinstance(err, (ValueError, TypeError, LookupError, FileNotFoundError))
+        message = " ".join(_redact(str(err)).split())
+        print(f"error: {'' if bad_input else type(err).__name__ + ': '}{message}", file=sys.stderr)
+        return 2 if bad_input else 1
     return 0
 
 

@@ -166,6 +166,17 @@ def test_two_pushes_make_two_revisions_and_the_first_stays_downloadable(hub, tra
     assert load_config(repo)["name"] == "transformer_lm"
 
 
+def test_tied_weights_round_trip_and_stay_tied(hub):
+    torch.manual_seed(0)
+    model = TransformerLM(vocab_size=64, dim=16, depth=1, heads=2, max_seq_len=32, tie_embeddings=True)
+    push_to_hub(model, "local-user/tied")
+    pulled = from_pretrained("local-user/tied")
+    assert pulled.head.weight is pulled.embed.weight
+    x = torch.arange(12).reshape(1, 12)
+    with torch.no_grad():
+        assert torch.equal(pulled(x), model.eval()(x))
+
+
 def test_push_to_a_revision_makes_a_branch_and_leaves_main_alone(hub, trained):
     repo = "local-user/branches"
     main_push = push_to_hub(trained.run_dir, repo)
@@ -294,13 +305,13 @@ def test_hub_down_keeps_the_run_and_the_printed_retry_command_works(tmp_path):
     server.stop()
     run_dir = tmp_path / "run"
     proc = run("-m", "framework.train", "recipe=char_lm", *TINY, f"hydra.run.dir={run_dir}", f"hub.repo_id={REPO_ID}",
-               "hub.every_n_validations=2", env=hub_env(dead_url, tmp_path / "cache", token=SECRET))
+               "hub.revision=exp", "hub.every_n_validations=2", env=hub_env(dead_url, tmp_path / "cache", token=SECRET))
     assert proc.returncode == 3, proc.stderr[-3000:]
     error = proc.stderr.strip().splitlines()[-1]
     assert error.startswith(f"error: training finished and everything is in {run_dir}")
-    assert f"'{REPO_ID}'" in error and dead_url in error and "ConnectError" in error
+    assert f"'{REPO_ID}' (revision exp)" in error and dead_url in error and "ConnectError" in error
     retry = re.search(r"Retry with: (python -m framework\.hub push .+)$", error)[1]
-    assert shlex.split(retry)[4:] == [str(run_dir.resolve()), REPO_ID]
+    assert shlex.split(retry)[4:] == [str(run_dir.resolve()), REPO_ID, "--revision", "exp"]
     assert f"once the run has finished, retry with: {retry}" in proc.stdout  # HubPush's warning, mid-training
     results = json.loads((run_dir / "results.json").read_text())
     assert results["global_step"] == 4 and "hub" not in results and results["metrics"]["val/loss"] > 0
@@ -311,10 +322,11 @@ def test_hub_down_keeps_the_run_and_the_printed_retry_command_works(tmp_path):
         assert shlex.split(retry)[:3] == ["python", "-m", "framework.hub"]
         again = run(*shlex.split(retry)[1:], env=hub_env(back.url, tmp_path / "cache2", token=SECRET))
         assert again.returncode == 0, again.stderr[-3000:]
-        head = HfApi(endpoint=back.url).model_info(REPO_ID).sha
-        assert json.loads((run_dir / "results.json").read_text())["hub"]["commit"] == head
+        head = HfApi(endpoint=back.url).model_info(REPO_ID, revision="exp").sha
+        assert json.loads((run_dir / "results.json").read_text())["hub"] == {
+            "repo_id": REPO_ID, "revision": "exp", "commit": head, "url": f"{back.url}/{REPO_ID}/commit/{head}"}
         with patch_client(back.url, tmp_path / "cache3"):
-            model = from_pretrained(REPO_ID)
+            model = from_pretrained(REPO_ID, revision="exp")
         x = torch.arange(16).reshape(1, 16)
         with torch.no_grad():
             assert torch.equal(model(x), local_model(run_dir)(x))

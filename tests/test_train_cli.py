@@ -35,7 +35,7 @@ def test_every_recipe_runs_a_few_steps_through_the_cli(cli, tmp_path, name):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["recipe=char_llm"], "Unknown recipe 'char_llm'. Did you mean 'char_lm'?"),
+        (["recipe=char_llm"], "Unknown recipe 'char_llm'. Did you mean 'char_lm'"),
         (["recipe=char_lm", "optimizer=adamww"], "Unknown optimizer 'adamww'. Did you mean 'adamw'?"),
         (["-m", "optimizer=adamw,sgdd"], "Unknown optimizer 'sgdd'. Did you mean 'sgd'?"),
         (["callbacks=[checkpoint,lr_monitr]"], "Unknown callback 'lr_monitr'. Did you mean 'lr_monitor'?"),

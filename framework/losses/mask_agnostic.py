@@ -82,12 +82,22 @@ def mask_agnostic_views(
     return tokens, key_padding_mask, targets_at
 
 
+def _logits_at(model: Any, tokens: Tensor, kpm: Tensor, at: Tensor) -> Tensor:
+    """Logits (R, n, V) at absolute positions `at`; the rows are cut to their longest real length first and the
+    key-padding mask is passed only if some padding remains."""
+    width = int(kpm.sum(1).max())
+    tokens, kpm = tokens[:, :width], kpm[:, :width]
+    logits = model_logits(model, tokens, None if bool(kpm.all()) else kpm)
+    return logits.gather(1, repeat(at, "r n -> r n v", v=logits.shape[-1]))
+
+
 class MaskAgnosticLoss(nn.Module):
     """CE on the targets in a few-mask view x(k1) and a many-mask view x(k2), plus lam * D(p^(k1), p^(k2)).
 
     A reconstruction from the paper's abstract and summaries (spec 1.2, [inferred]); see the module docstring.
-    k2 ~ U{k1+1..k_max}, drawn once per batch or per example; both views go through one forward pass of
-    2B rows, right-padded with PAD that a key-padding mask hides from attention.
+    k2 ~ U{k1+1..k_max}, drawn once per batch or per example. With `batch_views` both views go through one
+    forward pass of 2B rows, right-padded with PAD that a key-padding mask hides from attention; without it each
+    view has its own pass, so a model without a key-padding mask works when tails are shared (`per_batch`).
     """
 
     def __init__(
@@ -102,6 +112,7 @@ class MaskAgnosticLoss(nn.Module):
         ce_views: str = "both",
         k_sampling: str = "per_batch",
         partial_target_prob: float = 0.0,
+        batch_views: bool = True,
     ):
         super().__init__()
         if mask_id == pad_id:
@@ -126,7 +137,7 @@ class MaskAgnosticLoss(nn.Module):
         self.mask_id, self.pad_id, self.lam, self.k1, self.k_max = mask_id, pad_id, lam, k1, k_max
         self.divergence, self.ce_views, self.k_sampling = divergence, ce_views, k_sampling
         self.stopgrad_anchor = divergence != "tv_symmetric" if stopgrad_anchor is None else stopgrad_anchor
-        self.partial_target_prob = partial_target_prob
+        self.partial_target_prob, self.batch_views = partial_target_prob, batch_views
 
     def extra_repr(self) -> str:
         return (f"lam={self.lam}, k1={self.k1}, k_max={self.k_max}, divergence={self.divergence!r}, "
@@ -180,8 +191,11 @@ class MaskAgnosticLoss(nn.Module):
         tokens, kpm, at = mask_agnostic_views(
             repeat(prompt, "b p -> (v b) p", v=2), n, torch.cat([k1, k2]), self.mask_id, self.pad_id, lengths, revealed
         )
-        logits = model_logits(model, tokens, None if bool(kpm.all()) else kpm)
-        picked = logits.gather(1, repeat(at, "r n -> r n v", v=logits.shape[-1]))
+        if self.batch_views:
+            picked = _logits_at(model, tokens, kpm, at)
+        else:  # one pass per view, each cut to its own length: no padding when tails are shared
+            halves = (slice(0, batch), slice(batch, None))
+            picked = torch.cat([_logits_at(model, tokens[h], kpm[h], at[h]) for h in halves])
         log_probs = subs_log_probs(picked, tokens.gather(1, at), self.mask_id, never_predict=(self.pad_id,))
         lp1, lp2 = log_probs.chunk(2)
         weight = scored.float() / scored.sum().clamp_min(1)
