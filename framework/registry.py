@@ -220,7 +220,7 @@ MODELS = Registry("model", partial=True)  # completed with vocab_size etc. by th
 MODULES = Registry("module", partial=True)  # completed with the model, optimizer and scheduler
 OPTIMIZERS = Registry("optimizer", partial=True)  # completed with the parameters
 SCHEDULERS = Registry("scheduler", partial=True)  # completed with the optimizer and the step count
-LOSSES = Registry("loss")
+LOSSES = Registry("loss", partial=True)  # completed with mask/pad ids from the data
 METRICS = Registry("metric")
 CALLBACKS = Registry("callback", group="callbacks", package="callbacks.{name}")  # multi-select → dict
 SAMPLERS = Registry("sampler", partial=True)

@@ -7,6 +7,8 @@ the composed config, CSV logs, checkpoints and `results.json`.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import math
 import os
@@ -57,6 +59,7 @@ DEFAULTS = [
     {"optimizer": "adamw"},
     {"scheduler": "warmup_cosine"},
     {"callbacks": ["checkpoint"]},
+    {"loss": None},
     {"recipe": None},  # last: a recipe overrides the choices above; None lets `recipe=NAME` go without '+'
 ]
 
@@ -68,12 +71,14 @@ TrainConfig = make_config(
     optimizer=None,
     scheduler=None,
     callbacks=None,
+    loss=None,
     recipe=None,
     trainer=TrainerConf,
     hub=HubConf,
     seed=0,
     threads=None,
     ckpt_path=None,
+    init_from=None,
     validate_before_fit=True,
     test=False,
 )
@@ -96,7 +101,9 @@ def train(
     seed: int,
     scheduler: Any = None,
     callbacks: dict[str, L.Callback] | None = None,
+    loss: Any = None,
     ckpt_path: str | None = None,
+    init_from: str | None = None,
     validate_before_fit: bool = True,
     test: bool = False,
 ) -> dict[str, Any]:
@@ -104,8 +111,12 @@ def train(
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if getattr(data, "seed", 0) is None:
         data.seed = seed
-    kwargs = {"vocab_size": data.vocab_size} if hasattr(data, "vocab_size") else {}
-    lm = module(model=model, optimizer=optimizer, scheduler=scheduler, **kwargs)
+    extra = {"extra_loss": complete_from(loss, data)()} if loss is not None else {}
+    lm = complete_from(module, data)(model=model, optimizer=optimizer, scheduler=scheduler, **extra)
+    if init_from:
+        from framework.hub import load_weights_into
+
+        load_weights_into(lm.model, init_from)
     loggers = [CSVLogger(save_dir=str(run_dir), name="csv", version="")]
     try:
         import tensorboard  # noqa: F401
@@ -129,6 +140,8 @@ def train(
         }
     run.fit(lm, datamodule=data, ckpt_path=ckpt_path)
     metrics = {k: _num(v) for k, v in run.callback_metrics.items()}
+    for cb in run.callbacks:  # callbacks that evaluate something (e.g. mask_sweep) report here
+        metrics.update({k: _num(v) for k, v in getattr(cb, "results", dict)().items()})
     if run.limit_val_batches:  # the final weights' validation numbers, not the last scheduled check's
         metrics.update({k: _num(v) for k, v in run.validate(lm, datamodule=data, verbose=False)[0].items()})
     if test:
@@ -158,6 +171,22 @@ def train(
     elif run.world_size > 1:  # each rank's own view, to check that ranks agree
         (run_dir / f"results.rank{run.global_rank}.json").write_text(json.dumps(results, indent=2))
     return results
+
+
+def complete_from(factory: Any, data: Any) -> Any:
+    """Fill a partial's arguments that the recipe left unset (None) from the data of the same name.
+
+    This is how a model or loss learns the vocabulary size or the [MASK] id without the recipe repeating them.
+    """
+    if not isinstance(factory, functools.partial):
+        return factory
+    names = inspect.signature(factory.func).parameters
+    fill = {
+        name: getattr(data, name)
+        for name in ("vocab_size", "mask_id", "pad_id")
+        if name in names and factory.keywords.get(name) is None and getattr(data, name, None) is not None
+    }
+    return functools.partial(factory, **fill) if fill else factory
 
 
 def summary(results: dict[str, Any]) -> str:

@@ -18,3 +18,7 @@ CALLBACKS.register(
 CALLBACKS.register(LearningRateMonitor, name="lr_monitor", logging_interval="step")
 CALLBACKS.register(EarlyStopping, name="early_stopping", monitor="val/loss", mode="min", patience=3)
 CALLBACKS.register(HubPush, name="hub_push")  # `+callbacks=hub_push callbacks.hub_push.repo_id=me/model`
+
+from framework.callbacks.mask_sweep import MaskSweep  # noqa: E402
+
+CALLBACKS.register(MaskSweep, name="mask_sweep", ms=[0, 2, 4, 8, 16, 32, 48, 64], n_per_slot=200)

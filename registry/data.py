@@ -4,3 +4,7 @@ from framework.data.text import ByteCorpus
 from framework.registry import DATA
 
 DATA.register(ByteCorpus, name="byte_corpus", source="pydoc", seq_len=128, batch_size=32, seed=None)
+
+from framework.data.needle import NeedleData  # noqa: E402
+
+DATA.register(NeedleData, name="needle", n_symbols=12, context_len=16, max_eos=32, batch_size=64, seed=None)

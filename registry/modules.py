@@ -4,3 +4,7 @@ from framework.modules.causal_lm import CausalLM
 from framework.registry import MODULES
 
 MODULES.register(CausalLM, name="causal_lm")
+
+from framework.modules.mdlm import MDLMModule  # noqa: E402
+
+MODULES.register(MDLMModule, name="mdlm", sampling_eps=1e-3, ema_decay=0.0)

@@ -107,7 +107,8 @@ def ddpm_cache_sample(
     on_step: Callable[[int, Tensor], None] | None = None,
 ) -> tuple[Tensor, int]:
     """MDLM `ddpm_cache`: the `ddpm` transition with move chances t and s (the scale 1-eps cancels in the
-    categorical draw), reusing p_x0 while x is unchanged. Returns (tokens, network calls ≤ min(steps, L) + 2)."""
+    categorical draw), reusing p_x0 while x is unchanged. Returns (tokens, network calls ≤ min(steps, L) + 2),
+    where L counts the masked tokens of the whole batch (the cache is shared by the batch, as in MDLM)."""
     _check(x_init, mask_id, steps, eps)
     times = torch.linspace(1.0, eps, steps + 1, dtype=torch.float64)
     x, cache, calls = x_init.clone(), None, 0

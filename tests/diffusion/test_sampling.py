@@ -121,7 +121,6 @@ def test_overfit_one_sequence_then_ddpm_cache_reproduces_it():
     with torch.no_grad():
         final, _ = mdlm_nelbo(model, seq.expand(512, -1), MASK, schedule, prompt_mask=prompt.expand(512, -1),
                               generator=g)
-    print("overfit final NELBO", final.item())
     assert final.item() < 0.02, final.item()
     x0 = all_masks(8, seq.shape[1])
     x0[:, 0] = bos

@@ -1,23 +1,11 @@
-"""Publish trained models to the Hugging Face Hub and load them back by name (timm/torchtune style).
-
-A push is ONE commit holding `model.safetensors`, `config.json` (a registry name plus plain constructor values,
-never an import path), a `README.md` model card (metadata, final metrics, the training-curve plot) and, from a
-run dir, `train_config.yaml`. `from_pretrained` validates `config.json` before anything is built, rebuilds the
-model through the registry and loads safetensors only: nothing from the Hub is ever unpickled.
-
-    python -m framework.hub push RUN_DIR REPO_ID [--revision R] [--private]
-    python -m framework.hub pull REPO_ID [--revision R]
-"""
+"""Pushing to the Hub: one commit with weights, config.json, the model card and the training curves."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import inspect
 import json
 import math
 import os
-import re
 import shlex
 import shutil
 import sys
@@ -30,149 +18,19 @@ import torch
 from torch import nn
 
 from framework import __version__
-from framework.registry import MODELS, UnknownNameError, load_catalog
-
-__all__ = ["HubPushError", "Pushed", "UnsafeConfigError", "UnsafeWeightsError", "check_repo_id", "from_pretrained",
-           "load_config", "main", "push_to_hub", "record_push", "retry_command", "validate_config"]
-
-CONFIG_NAME, WEIGHTS_NAME, CARD_NAME = "config.json", "model.safetensors", "README.md"
-PLOT_NAME, TRAIN_CONFIG_NAME = "training_curves.png", "train_config.yaml"
-ARTIFACTS = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, PLOT_NAME, TRAIN_CONFIG_NAME)
-#: Hydra/hydra-zen instantiation keys: a config carrying one could make a loader import and call anything.
-FORBIDDEN_KEYS = frozenset({"_target_", "_partial_", "_args_", "_recursive_", "_convert_"})
-_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:[A-Za-z_][\w.]*)?$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-
-
-class UnsafeConfigError(ValueError):
-    """A `config.json` that could do more than name a registered model and give it plain values."""
-
-
-class UnsafeWeightsError(ValueError):
-    """Weights that are not a safetensors file matching the config (pickles are refused, never opened)."""
-
-
-class HubPushError(RuntimeError):
-    """The Hub was unreachable or refused a push; `retry_command` (when known) re-runs it from the run dir."""
-
-    def __init__(self, message: str, retry_command: str | None = None):
-        super().__init__(message + (f" Retry with: {retry_command}" if retry_command else ""))
-        self.retry_command = retry_command
-
-
-@dataclass(frozen=True)
-class Pushed:
-    """Where one push landed: the commit id stays downloadable (`from_pretrained(repo_id, revision=commit)`)."""
-
-    repo_id: str
-    revision: str
-    commit: str
-    url: str
-
-
-# ---- config.json: what may be loaded -------------------------------------------------------------------
-def validate_config(config: Any) -> dict[str, Any]:
-    """Return `config` if it only names a registered model and plain values; raise UnsafeConfigError otherwise."""
-    if not isinstance(config, dict):
-        raise UnsafeConfigError(f"config.json must be a JSON object, got {type(config).__name__}")
-    _check_plain(config, "config.json")
-    name, values = config.get("name"), config.get("config", {})
-    if not isinstance(name, str):
-        raise UnsafeConfigError(f"config.json 'name' must be a registered model name (a string), got {name!r}")
-    if not isinstance(values, dict):
-        raise UnsafeConfigError(f"config.json 'config' must be an object of constructor values, got {values!r}")
-    load_catalog()
-    try:
-        target = MODELS.get(name)
-    except UnknownNameError as err:
-        raise UnsafeConfigError(f"config.json names an unregistered model: {err}") from err
-    params = inspect.signature(target).parameters
-    unknown = sorted(set(values) - set(params))
-    if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        raise UnsafeConfigError(
-            f"config.json sets {', '.join(unknown)}, which model {name!r} does not take; valid: {', '.join(params)}")
-    return config
-
-
-def _check_plain(node: Any, where: str) -> None:
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key in FORBIDDEN_KEYS or (isinstance(key, str) and len(key) > 2 and key[0] == key[-1] == "_"):
-                raise UnsafeConfigError(
-                    f"{where} has key {key!r}: instantiation keys ({', '.join(sorted(FORBIDDEN_KEYS))}) are refused;"
-                    " config.json may only hold a registry 'name' and plain constructor values"
-                )
-            _check_plain(value, f"{where}[{key!r}]")
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            _check_plain(value, f"{where}[{i}]")
-    elif isinstance(node, str) and _IMPORT_PATH.match(node):
-        raise UnsafeConfigError(
-            f"{where} = {node!r} looks like an import path; config.json may only hold a registry name and plain"
-            " values, never a module, class or function path"
-        )
-    elif node is not None and not isinstance(node, (str, bool, int, float)):
-        raise UnsafeConfigError(f"{where} = {node!r} is not a plain JSON value")
-
-
-def _build(config: dict[str, Any]) -> nn.Module:
-    """The model a validated `config.json` names, built through the registry (no import path involved)."""
-    return MODELS.build(config["name"], **config.get("config", {}))
-
-
-# ---- loading -----------------------------------------------------------------------------------------------
-def _download(repo_id: str, filename: str, revision: str | None) -> str:
-    from huggingface_hub import hf_hub_download
-
-    return hf_hub_download(repo_id, filename, revision=revision, library_name="framework", library_version=__version__)
-
-
-def _fetch_config(repo_id: str, revision: str | None) -> tuple[dict[str, Any], str | None]:
-    path = Path(_download(repo_id, CONFIG_NAME, revision))
-    commit = path.parent.name if re.fullmatch(r"[0-9a-f]{40}", path.parent.name) else None  # snapshots/<sha>/
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UnsafeConfigError(f"{CONFIG_NAME} of {repo_id}@{revision or 'main'} is not valid JSON: {err}") from err
-    return validate_config(config), commit
-
-
-def load_config(repo_id: str, revision: str | None = None) -> dict[str, Any]:
-    """Download and validate `config.json` (UnsafeConfigError if it is anything but a name and plain values)."""
-    return _fetch_config(repo_id, revision)[0]
-
-
-def from_pretrained(repo_id: str, revision: str | None = None) -> nn.Module:
-    """Rebuild the model named in `repo_id`'s config.json through the registry and load its safetensors weights.
-
-    `revision` is a branch, tag or commit id. The model comes back in eval mode, with `.init_config`.
-    """
-    return _load(repo_id, revision)[0]
-
-
-def _load(repo_id: str, revision: str | None) -> tuple[nn.Module, dict[str, Any], str | None, str]:
-    from huggingface_hub.errors import EntryNotFoundError
-    from safetensors import SafetensorError, safe_open
-    from safetensors.torch import load_model
-
-    config, commit = _fetch_config(repo_id, revision)  # validated before anything else is downloaded or built
-    where = f"{repo_id}@{commit or revision or 'main'}"
-    try:
-        weights = _download(repo_id, WEIGHTS_NAME, commit or revision)  # same commit as config.json
-    except EntryNotFoundError as err:
-        raise UnsafeWeightsError(f"{where} has no {WEIGHTS_NAME}; framework loads safetensors only and never"
-                                 " unpickles (pytorch_model.bin, *.pt, *.ckpt are refused)") from err
-    try:
-        with safe_open(weights, framework="pt") as f:
-            list(f.keys())
-    except (SafetensorError, OSError, ValueError) as err:
-        raise UnsafeWeightsError(f"{WEIGHTS_NAME} of {where} is not a safetensors file ({err}); refusing it"
-                                 " (pickles are never loaded)") from err
-    model = _build(config)
-    try:
-        load_model(model, weights, strict=True)
-    except (RuntimeError, SafetensorError) as err:
-        raise UnsafeWeightsError(f"{WEIGHTS_NAME} of {where} does not fit model {config['name']!r}: {err}") from err
-    return model.eval(), config, commit, weights
+from framework.hub.common import (
+    ARTIFACTS,
+    CARD_NAME,
+    CONFIG_NAME,
+    PLOT_NAME,
+    TRAIN_CONFIG_NAME,
+    WEIGHTS_NAME,
+    HubPushError,
+    Pushed,
+    UnsafeWeightsError,
+)
+from framework.hub.load import _build, state_from_checkpoint, validate_config
+from framework.registry import MODELS, load_catalog
 
 
 # ---- pushing ------------------------------------------------------------------------------------------------
@@ -260,15 +118,7 @@ def _bundle_from_run_dir(run_dir: Path) -> _Bundle:
     config = validate_config({"name": spec.get("name"), "config": spec.get("config", {}),
                               "framework_version": __version__, "recipe": results.get("recipe"),
                               "command": results.get("command")})
-    try:
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)  # never unpickles arbitrary objects
-    except Exception as err:
-        raise UnsafeWeightsError(f"cannot load {ckpt_path} with weights_only=True: {err}") from err
-    state = ckpt.get("state_dict", ckpt) if isinstance(ckpt, dict) else None
-    if not isinstance(state, dict):
-        raise UnsafeWeightsError(f"{ckpt_path} holds no state_dict")
-    if any(k.startswith("model.") for k in state):  # a LightningModule's keys: keep its backbone `.model`
-        state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+    state = state_from_checkpoint(ckpt_path)
     model = _build(config)
     try:
         model.load_state_dict(state, strict=True)
@@ -277,7 +127,7 @@ def _bundle_from_run_dir(run_dir: Path) -> _Bundle:
     choices = results.get("choices") or {}
     return _Bundle(
         model, config, {k: float(v) for k, v in (results.get("metrics") or {}).items()},
-        [choices["data"]] if choices.get("data") else [], choices.get("module"), ckpt.get("global_step"),
+        [choices["data"]] if choices.get("data") else [], choices.get("module"), results.get("global_step"),
         _file_or_none(run_dir / "csv" / "metrics.csv"), _file_or_none(run_dir / ".hydra" / "config.yaml"),
     )
 
@@ -388,44 +238,3 @@ def record_push(run_dir: str | Path, pushed: Pushed) -> dict[str, str]:
         os.replace(tmp, path)
     return asdict(pushed)
 
-
-# ---- CLI ----------------------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    """`python -m framework.hub push RUN_DIR REPO_ID` / `pull REPO_ID`; exit 1 when the Hub fails, 2 on bad input."""
-    parser = argparse.ArgumentParser(prog="python -m framework.hub", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    push = sub.add_parser("push", help="publish a finished run dir as one commit")
-    push.add_argument("run_dir", type=Path, help="Hydra run dir of `python -m framework.train`")
-    push.add_argument("repo_id", help="'namespace/name'")
-    push.add_argument("--revision", help="branch to commit to (created if missing; default main)")
-    push.add_argument("--private", action="store_true", help="create the repo as private")
-    pull = sub.add_parser("pull", help="download a pushed model, check it loads, print where it is")
-    pull.add_argument("repo_id")
-    pull.add_argument("--revision", help="branch, tag or commit id (default main)")
-    args = parser.parse_args(argv)
-    from huggingface_hub.errors import EntryNotFoundError
-
-    try:
-        if args.command == "push":
-            pushed = push_to_hub(args.run_dir, args.repo_id, args.revision, args.private)
-            record_push(args.run_dir, pushed)
-            print(f"pushed {args.run_dir} to {pushed.repo_id}@{pushed.revision}: commit {pushed.commit}")
-            print(pushed.url)
-        else:
-            model, config, commit, weights = _load(args.repo_id, args.revision)
-            with contextlib.suppress(EntryNotFoundError):  # the card is for people; the model does not need it
-                _download(args.repo_id, CARD_NAME, commit or args.revision)
-            params = sum(p.numel() for p in model.parameters())
-            values = ", ".join(f"{k}={v}" for k, v in config["config"].items())
-            print(f"downloaded {args.repo_id}@{commit or args.revision or 'main'} to {Path(weights).parent}")
-            print(f"{config['name']} ({type(model).__name__}, {params:,} parameters): {values}")
-    except Exception as err:  # one line, never a token: 2 = refused input, 1 = the Hub failed
-        bad_input = isinstance(err, (ValueError, TypeError, LookupError, FileNotFoundError))
-        message = " ".join(_redact(str(err)).split())
-        print(f"error: {'' if bad_input else type(err).__name__ + ': '}{message}", file=sys.stderr)
-        return 2 if bad_input else 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,130 @@
+"""Masked diffusion LM training (MDLM: SUBS, log-linear schedule, 1/t NELBO) with an optional extra loss.
+
+The extra loss (e.g. the mask-agnostic loss) switches on at `extra_loss_after` steps, so one run can
+pretrain and then fine-tune; or the run starts from a pretrained model (`init_from=...` on the CLI).
+Evaluation uses EMA weights when `ema_decay > 0` (MDLM's default practice).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from framework.losses.mdlm import LogLinearSchedule, NelboBound, mdlm_nelbo
+from framework.modules.base import TrainModule
+
+
+class MDLMModule(TrainModule):
+    """Trains a bidirectional tokens→logits model as a masked diffusion LM (spec 1.1), plus `extra_loss`.
+
+    Batches are dicts with `tokens` and optionally `attention_mask` (True = real token) and `prompt_mask`
+    (True = prompt). A fraction `sft_fraction` of rows keeps its prompt clean (LLaDA SFT masking). With
+    `extra_loss` (a callable `(model, prompt, target, prompt_lengths) -> (loss, stats)`, such as
+    `MaskAgnosticLoss`), the `target_len` tokens right after each prompt are its targets.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | Any,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        vocab_size: int | None = None,
+        mask_id: int | None = None,
+        sampling_eps: float = 1e-3,
+        sft_fraction: float = 0.0,
+        ema_decay: float = 0.0,
+        extra_loss: nn.Module | None = None,
+        extra_loss_weight: float = 1.0,
+        extra_loss_after: int = 0,
+        mdlm_weight: float = 1.0,
+        target_len: int = 1,
+    ):
+        if mask_id is None:  # no [MASK] in the data's vocabulary: append one (MDLM's convention)
+            mask_id, vocab_size = vocab_size, (vocab_size + 1 if vocab_size else None)
+        super().__init__(model, optimizer, scheduler, **({"vocab_size": vocab_size} if vocab_size else {}))
+        if not 0.0 <= sft_fraction <= 1.0:
+            raise ValueError(f"sft_fraction={sft_fraction} must be in [0, 1]")
+        if not 0.0 <= ema_decay < 1.0:
+            raise ValueError(f"ema_decay={ema_decay} must be in [0, 1) (0 turns EMA off)")
+        if extra_loss_after < 0 or target_len < 1:
+            raise ValueError(f"extra_loss_after={extra_loss_after} must be >= 0 and target_len={target_len} >= 1")
+        self.mask_id, self.schedule = mask_id, LogLinearSchedule(sampling_eps)
+        self.sampling_eps, self.sft_fraction = sampling_eps, sft_fraction
+        self.extra_loss, self.extra_loss_weight = extra_loss, extra_loss_weight
+        self.extra_loss_after, self.mdlm_weight, self.target_len = extra_loss_after, mdlm_weight, target_len
+        self.ema_decay = ema_decay
+        self.ema = copy.deepcopy(self.model).requires_grad_(False) if ema_decay > 0 else None
+        self.val_bound = NelboBound()
+
+    @property
+    def eval_model(self) -> nn.Module:
+        """The weights to evaluate and sample with: the EMA copy when there is one."""
+        return self.ema if self.ema is not None else self.model
+
+    @staticmethod
+    def _unpack(batch: Tensor | dict[str, Tensor]) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        if isinstance(batch, dict):
+            return batch["tokens"], batch.get("attention_mask"), batch.get("prompt_mask")
+        return batch, None, None
+
+    def _mdlm_loss(self, model: nn.Module, batch: Any, train: bool) -> tuple[Tensor, dict[str, Tensor]]:
+        tokens, attention, prompt = self._unpack(batch)
+        if prompt is not None and train and self.sft_fraction < 1.0:
+            keep = torch.rand(tokens.shape[0], 1, device=tokens.device) < self.sft_fraction
+            prompt = prompt & keep
+        elif prompt is not None and not train:
+            prompt = None  # validation: the unconditional NELBO bound over every token
+        return mdlm_nelbo(
+            model, tokens, self.mask_id, self.schedule,
+            attention_mask=attention, prompt_mask=prompt, sampling_eps=self.sampling_eps,
+        )
+
+    def _extra(self, batch: Any) -> tuple[Tensor, dict[str, Tensor]]:
+        tokens, _, prompt_mask = self._unpack(batch)
+        if prompt_mask is None:
+            raise ValueError("extra_loss needs batches with a `prompt_mask` to find the prompt and its targets")
+        lengths = prompt_mask.sum(1)
+        width = int(lengths.max())
+        prompt = tokens[:, :width].masked_fill(~prompt_mask[:, :width], self.extra_loss.pad_id)
+        index = lengths[:, None] + torch.arange(self.target_len, device=tokens.device)[None]
+        target = tokens.gather(1, index)
+        return self.extra_loss(self.model, prompt, target, lengths)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        loss, stats = self._mdlm_loss(self.model, batch, train=True)
+        self.log("train/nelbo", loss, prog_bar=True)
+        loss = self.mdlm_weight * loss
+        if self.extra_loss is not None and self.global_step >= self.extra_loss_after:
+            extra, extra_stats = self._extra(batch)
+            loss = loss + self.extra_loss_weight * extra
+            self.log("train/extra_loss", extra)
+            for key in ("ce_k1", "ce_k2", "tv"):
+                if key in extra_stats:
+                    self.log(f"train/{key}", extra_stats[key])
+        self.log("train/loss", loss)
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.ema is not None:
+            with torch.no_grad():
+                for e, p in zip(self.ema.parameters(), self.model.parameters(), strict=True):
+                    e.lerp_(p, 1.0 - self.ema_decay)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        _, stats = self._mdlm_loss(self.eval_model, batch, train=False)
+        self.val_bound.update(stats["nll_sum"], stats["tokens"])
+
+    def on_validation_epoch_end(self) -> None:
+        bound = self.val_bound.compute()
+        self.log("val/nelbo", bound["nll_bound"], prog_bar=True, sync_dist=True)
+        self.log("val/bpt_bound", bound["bpt_bound"], sync_dist=True)
+        self.val_bound.reset()
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self.validation_step(batch, batch_idx)
+
+    def on_test_epoch_end(self) -> None:
+        self.on_validation_epoch_end()
