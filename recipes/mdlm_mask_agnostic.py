@@ -11,7 +11,7 @@ NEEDLE_MDLM = dict(
     module={"sft_fraction": 0.5, "extra_loss_after": 3000},
     optimizer={"lr": 2e-3, "weight_decay": 0.0},
     scheduler={"warmup_steps": 200, "min_lr_ratio": 0.1},
-    trainer={"max_steps": 3200, "val_check_interval": 1000, "limit_val_batches": 8},
+    trainer={"max_steps": 3200, "val_check_interval": 1000, "check_val_every_n_epoch": None, "limit_val_batches": 8},
 )
 
 recipe(

@@ -58,6 +58,13 @@ class MDLMModule(TrainModule):
         self.ema_decay = ema_decay
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if ema_decay > 0 else None
         self.val_bound = NelboBound()
+        self.noise_seed = torch.initial_seed()  # set by seed_everything; masks are drawn from (seed, step, rank)
+
+    def _noise(self) -> torch.Generator:
+        """The step's own random stream, so a resumed run draws the same times and masks as an unbroken one."""
+        rank = self.trainer.global_rank if self._trainer is not None else 0
+        seed = (self.noise_seed * 1_000_003 + self.global_step * 7_919 + rank) % (2**63)
+        return torch.Generator(device=self.device).manual_seed(seed)
 
     @property
     def eval_model(self) -> nn.Module:
@@ -70,19 +77,21 @@ class MDLMModule(TrainModule):
             return batch["tokens"], batch.get("attention_mask"), batch.get("prompt_mask")
         return batch, None, None
 
-    def _mdlm_loss(self, model: nn.Module, batch: Any, train: bool) -> tuple[Tensor, dict[str, Tensor]]:
+    def _mdlm_loss(
+        self, model: nn.Module, batch: Any, train: bool, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         tokens, attention, prompt = self._unpack(batch)
         if prompt is not None and train and self.sft_fraction < 1.0:
-            keep = torch.rand(tokens.shape[0], 1, device=tokens.device) < self.sft_fraction
+            keep = torch.rand(tokens.shape[0], 1, device=tokens.device, generator=generator) < self.sft_fraction
             prompt = prompt & keep
         elif prompt is not None and not train:
             prompt = None  # validation: the unconditional NELBO bound over every token
         return mdlm_nelbo(
             model, tokens, self.mask_id, self.schedule,
-            attention_mask=attention, prompt_mask=prompt, sampling_eps=self.sampling_eps,
+            attention_mask=attention, prompt_mask=prompt, sampling_eps=self.sampling_eps, generator=generator,
         )
 
-    def _extra(self, batch: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    def _extra(self, batch: Any, generator: torch.Generator | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         tokens, _, prompt_mask = self._unpack(batch)
         if prompt_mask is None:
             raise ValueError("extra_loss needs batches with a `prompt_mask` to find the prompt and its targets")
@@ -91,14 +100,15 @@ class MDLMModule(TrainModule):
         prompt = tokens[:, :width].masked_fill(~prompt_mask[:, :width], self.extra_loss.pad_id)
         index = lengths[:, None] + torch.arange(self.target_len, device=tokens.device)[None]
         target = tokens.gather(1, index)
-        return self.extra_loss(self.model, prompt, target, lengths)
+        return self.extra_loss(self.model, prompt, target, lengths, generator=generator)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        loss, stats = self._mdlm_loss(self.model, batch, train=True)
+        noise = self._noise()
+        loss, stats = self._mdlm_loss(self.model, batch, train=True, generator=noise)
         self.log("train/nelbo", loss, prog_bar=True)
         loss = self.mdlm_weight * loss
         if self.extra_loss is not None and self.global_step >= self.extra_loss_after:
-            extra, extra_stats = self._extra(batch)
+            extra, extra_stats = self._extra(batch, generator=noise)
             loss = loss + self.extra_loss_weight * extra
             self.log("train/extra_loss", extra)
             for key in ("ce_k1", "ce_k2", "tv"):
@@ -114,7 +124,9 @@ class MDLMModule(TrainModule):
                     e.lerp_(p, 1.0 - self.ema_decay)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        _, stats = self._mdlm_loss(self.eval_model, batch, train=False)
+        # a fixed stream per batch: the NELBO bound of the same weights is the same number every time
+        noise = torch.Generator(device=self.device).manual_seed(1_000_003 + batch_idx)
+        _, stats = self._mdlm_loss(self.eval_model, batch, train=False, generator=noise)
         self.val_bound.update(stats["nll_sum"], stats["tokens"])
 
     def on_validation_epoch_end(self) -> None:

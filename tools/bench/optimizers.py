@@ -156,7 +156,7 @@ def main() -> None:
                 best[row["optimizer"]] = row
         print(f"\n(b) char_lm validation bits/byte after {args.steps} steps (lower is better)")
         print(f"{'optimizer':10s} " + " ".join(f"{'lr':>8s} {'bpb':>6s}" for _ in range(3)) + "   best")
-        for name, lrs in LR_GRID.items():
+        for name in LR_GRID:
             cells = [r for r in rows if r["optimizer"] == name]
             line = " ".join(f"{r['lr']:8.0e} {r['val_bpb']:6.3f}" for r in cells)
             print(f"{name:10s} {line}   {best[name]['val_bpb']:.3f} @ {best[name]['lr']:g}" if name in best else line)

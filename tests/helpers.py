@@ -1,0 +1,43 @@
+"""Helpers shared by the tests: run the real CLI, check exact resume."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, module: str = "framework.train", timeout: int = 600, env: dict | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m MODULE ARGS` the way a user would; returns the finished process (text output)."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout,
+        env=full_env, cwd=cwd or REPO,
+    )
+
+
+def _weights(ckpt: Path) -> dict:
+    return torch.load(ckpt, weights_only=True, map_location="cpu")["state_dict"]
+
+
+def assert_resume_is_exact(cli, args: list[str], tmp_path: Path, resume_step: int) -> Path:
+    """Run `args` once straight through and once resumed from its step-`resume_step` checkpoint: the final
+    weights must be bitwise equal (and must have moved since the resume point). Returns the full run's dir."""
+    args = [*args, "callbacks.checkpoint.every_n_train_steps=1"]
+    full, part = tmp_path / "full", tmp_path / "resumed"
+    proc = cli(*args, f"hydra.run.dir={full}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    mid = full / "checkpoints" / f"step{resume_step:06d}.ckpt"
+    proc = cli(*args, f"ckpt_path={mid}", f"hydra.run.dir={part}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = _weights(full / "checkpoints" / "last.ckpt"), _weights(part / "checkpoints" / "last.ckpt")
+    assert a.keys() == b.keys()
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    assert not all(torch.equal(a[k], _weights(mid)[k]) for k in a)
+    return full
