@@ -163,7 +163,8 @@ def train(
         "framework_version": __version__,
     }
     if run.is_global_zero:
-        (run_dir / "model_config.json").write_text(json.dumps(model_spec(lm.model, choices.get("model")), indent=2))
+        spec = model_spec(lm.model, choices.get("model"), getattr(lm, "mask_id", None))
+        (run_dir / "model_config.json").write_text(json.dumps(spec, indent=2))
         (run_dir / "results.json").write_text(json.dumps(results, indent=2))
         print(summary(results))
         if hub.repo_id:
@@ -204,9 +205,11 @@ def summary(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def model_spec(model: Any, name: str | None) -> dict[str, Any]:
-    """The registry name and plain constructor values that rebuild `model` (what the Hub's config.json holds)."""
-    return {"name": name, "config": dict(getattr(model, "init_config", {}))}
+def model_spec(model: Any, name: str | None, mask_id: int | None = None) -> dict[str, Any]:
+    """The registry name and plain constructor values that rebuild `model` (what the Hub's config.json holds),
+    plus the [MASK] id of a masked diffusion model (what `python -m framework.generate` appends)."""
+    spec = {"name": name, "config": dict(getattr(model, "init_config", {}))}
+    return spec if mask_id is None else {**spec, "mask_id": int(mask_id)}
 
 
 def _hub_callbacks(hub: Any) -> list[L.Callback]:

@@ -9,12 +9,13 @@ model through the registry and loads safetensors only: nothing from the Hub is e
     python -m framework.hub pull REPO_ID [--revision R]
 """
 
+from framework.hub.cli import main
 from framework.hub.common import HubPushError, Pushed, UnsafeConfigError, UnsafeWeightsError
 from framework.hub.load import from_pretrained, load_config, load_weights_into, state_from_checkpoint, validate_config
 from framework.hub.push import check_repo_id, push_to_hub, record_push, retry_command
 
 __all__ = [
     "HubPushError", "Pushed", "UnsafeConfigError", "UnsafeWeightsError", "check_repo_id", "from_pretrained",
-    "load_config", "load_weights_into", "push_to_hub", "record_push", "retry_command", "state_from_checkpoint",
+    "load_config", "load_weights_into", "main", "push_to_hub", "record_push", "retry_command", "state_from_checkpoint",
     "validate_config",
 ]

@@ -1,54 +1,5 @@
-"""`python -m framework.hub push RUN_DIR REPO_ID` / `python -m framework.hub pull REPO_ID [--revision R]`."""
+"""`python -m framework.hub push|pull ...` (see framework.hub.cli)."""
 
-from __future__ import annotations
+from framework.hub.cli import main
 
-import argparse
-import contextlib
-import sys
-from pathlib import Path
-
-from framework.hub.common import CARD_NAME
-from framework.hub.load import _download, _load
-from framework.hub.push import _redact, push_to_hub, record_push
-
-
-# ---- CLI ----------------------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    """`python -m framework.hub push RUN_DIR REPO_ID` / `pull REPO_ID`; exit 1 when the Hub fails, 2 on bad input."""
-    parser = argparse.ArgumentParser(prog="python -m framework.hub", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    push = sub.add_parser("push", help="publish a finished run dir as one commit")
-    push.add_argument("run_dir", type=Path, help="Hydra run dir of `python -m framework.train`")
-    push.add_argument("repo_id", help="'namespace/name'")
-    push.add_argument("--revision", help="branch to commit to (created if missing; default main)")
-    push.add_argument("--private", action="store_true", help="create the repo as private")
-    pull = sub.add_parser("pull", help="download a pushed model, check it loads, print where it is")
-    pull.add_argument("repo_id")
-    pull.add_argument("--revision", help="branch, tag or commit id (default main)")
-    args = parser.parse_args(argv)
-    from huggingface_hub.errors import EntryNotFoundError
-
-    try:
-        if args.command == "push":
-            pushed = push_to_hub(args.run_dir, args.repo_id, args.revision, args.private)
-            record_push(args.run_dir, pushed)
-            print(f"pushed {args.run_dir} to {pushed.repo_id}@{pushed.revision}: commit {pushed.commit}")
-            print(pushed.url)
-        else:
-            model, config, commit, weights = _load(args.repo_id, args.revision)
-            with contextlib.suppress(EntryNotFoundError):  # the card is for people; the model does not need it
-                _download(args.repo_id, CARD_NAME, commit or args.revision)
-            params = sum(p.numel() for p in model.parameters())
-            values = ", ".join(f"{k}={v}" for k, v in config["config"].items())
-            print(f"downloaded {args.repo_id}@{commit or args.revision or 'main'} to {Path(weights).parent}")
-            print(f"{config['name']} ({type(model).__name__}, {params:,} parameters): {values}")
-    except Exception as err:  # one line, never a token: 2 = refused input, 1 = the Hub failed
-        bad_input = isinstance(err, (ValueError, TypeError, LookupError, FileNotFoundError))
-        message = " ".join(_redact(str(err)).split())
-        print(f"error: {'' if bad_input else type(err).__name__ + ': '}{message}", file=sys.stderr)
-        return 2 if bad_input else 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+raise SystemExit(main())

@@ -2,7 +2,8 @@
 
 The extra loss (e.g. the mask-agnostic loss) switches on at `extra_loss_after` steps, so one run can
 pretrain and then fine-tune; or the run starts from a pretrained model (`init_from=...` on the CLI).
-Evaluation uses EMA weights when `ema_decay > 0` (MDLM's default practice).
+Evaluation uses EMA weights when `ema_decay > 0` (MDLM's default practice). `lora_rank > 0` fine-tunes
+LoRA adapters only (`framework.models.lora`), added in `setup`, i.e. after `init_from` weights are loaded.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class MDLMModule(TrainModule):
         extra_loss_after: int = 0,
         mdlm_weight: float = 1.0,
         target_len: int = 1,
+        lora_rank: int = 0,
+        lora_alpha: float = 16.0,
+        lora_targets: tuple[str, ...] = ("q", "kv", "proj", "fc"),
     ):
         if mask_id is None:  # no [MASK] in the data's vocabulary: append one (MDLM's convention)
             mask_id, vocab_size = vocab_size, (vocab_size + 1 if vocab_size else None)
@@ -51,6 +55,9 @@ class MDLMModule(TrainModule):
             raise ValueError(f"ema_decay={ema_decay} must be in [0, 1) (0 turns EMA off)")
         if extra_loss_after < 0 or target_len < 1:
             raise ValueError(f"extra_loss_after={extra_loss_after} must be >= 0 and target_len={target_len} >= 1")
+        if lora_rank < 0:
+            raise ValueError(f"lora_rank={lora_rank} must be >= 0 (0 = full fine-tuning)")
+        self.lora_rank, self.lora_alpha, self.lora_targets, self._prepared = lora_rank, lora_alpha, lora_targets, False
         self.mask_id, self.schedule = mask_id, LogLinearSchedule(sampling_eps)
         self.sampling_eps, self.sft_fraction = sampling_eps, sft_fraction
         self.extra_loss, self.extra_loss_weight = extra_loss, extra_loss_weight
@@ -59,6 +66,19 @@ class MDLMModule(TrainModule):
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if ema_decay > 0 else None
         self.val_bound = NelboBound()
         self.noise_seed = torch.initial_seed()  # set by seed_everything; masks are drawn from (seed, step, rank)
+
+    def setup(self, stage: str) -> None:
+        """Once, before any step (and before a resumed checkpoint is restored): add LoRA adapters when
+        `lora_rank > 0`, and start the EMA copy from the weights as they are now (e.g. loaded by `init_from`)."""
+        if self._prepared:
+            return
+        self._prepared = True
+        if self.lora_rank > 0:
+            from framework.models.lora import apply_lora
+
+            apply_lora(self.model, self.lora_rank, self.lora_alpha, self.lora_targets)
+        if self.ema is not None:
+            self.ema = copy.deepcopy(self.model).requires_grad_(False)
 
     def _noise(self) -> torch.Generator:
         """The step's own random stream, so a resumed run draws the same times and masks as an unbroken one."""
