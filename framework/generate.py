@@ -178,13 +178,19 @@ def load_source(source: str, ema: bool = False) -> tuple[nn.Module, int]:
     if source.endswith(".ckpt") or source.startswith((".", "/", "~")) or source.count("/") != 1:
         raise FileNotFoundError(f"unknown source {source!r}: no such run dir or .ckpt file, and not a Hub repo id"
                                 " ('namespace/name'); valid sources: RUN_DIR, RUN_DIR/checkpoints/X.ckpt, REPO_ID")
-    from framework.hub import check_repo_id, from_pretrained, load_config
-
     if ema:
         raise ValueError("--ema needs a run dir or .ckpt; a Hub repo holds one set of weights")
+    from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+    from framework.hub import check_repo_id, from_pretrained, load_config
+
     check_repo_id(source)
-    mask_id = _mask_id(load_config(source))  # validated, and refused when causal, before the weights download
-    return from_pretrained(source), mask_id
+    try:
+        config = load_config(source)  # validated, and refused when causal (below), before the weights download
+    except (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as err:
+        raise FileNotFoundError(f"unknown source {source!r}: no such run dir or .ckpt here, and no such model on the"
+                                f" Hub ({type(err).__name__}); valid sources: RUN_DIR, a .ckpt file, REPO_ID") from err
+    return from_pretrained(source), _mask_id(config)
 
 
 # ---- CLI -----------------------------------------------------------------------------------------------------
@@ -209,8 +215,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     length = args.length if args.length is not None else (0 if args.infill else 64)
-    from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
-
     try:
         model, mask_id = load_source(args.source, ema=args.ema)
         text = generate_text(model, args.prompt, length, args.steps, args.block_length, args.temperature,
@@ -218,12 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, LookupError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as err:
-        print(f"error: unknown source {args.source!r}: not a run dir or .ckpt here, and the Hub has no such model "
-              f"({type(err).__name__})", file=sys.stderr)
-        return 2
     except OSError as err:  # the Hub unreachable or failing
-        print(f"error: {type(err).__name__}: {' '.join(str(err).split())}", file=sys.stderr)
+        print(f"error: {args.source!r} is not a run dir or .ckpt here, and asking the Hub for it failed: "
+              f"{type(err).__name__}: {' '.join(str(err).split())}", file=sys.stderr)
         return 1
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="replace")

@@ -10,7 +10,7 @@ recipe(
     defaults={"data": "byte_corpus", "model": "transformer_lm", "module": "mdlm", "optimizer": "adamw"},
     data={"seq_len": 128, "batch_size": 16},
     model={"dim": 128, "depth": 2, "heads": 4, "causal": False, "max_seq_len": 512},
-    module={"ema_decay": 0.999},
+    module={"ema_decay": 0.99},
     optimizer={"lr": 3e-3, "weight_decay": 0.0},
     scheduler={"warmup_steps": 40},
     trainer={"max_steps": 300, "val_check_interval": 150, "limit_val_batches": 20},

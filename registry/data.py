@@ -8,3 +8,10 @@ DATA.register(ByteCorpus, name="byte_corpus", source="pydoc", seq_len=128, batch
 from framework.data.needle import NeedleData  # noqa: E402
 
 DATA.register(NeedleData, name="needle", n_symbols=12, context_len=16, max_eos=32, batch_size=64, seed=None)
+
+from framework.data.kv_recall import KVRecallData  # noqa: E402
+
+DATA.register(
+    KVRecallData, name="kv_recall", n_pairs=8, n_keys=16, n_values=16, max_eos=32, batch_size=64, seed=None,
+    description="Key-value associative recall (spec 1.4's harder variant); GPU-sized, not learnable in a CPU budget.",
+)

@@ -31,6 +31,11 @@ SMOKE = {
         "model.dim=32", "model.depth=1", "model.heads=2", "module.extra_loss_after=2",
         "callbacks.mask_sweep.n_per_slot=4",
     ],
+    "kv_recall": [
+        "threads=1", "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=2",
+        "trainer.enable_progress_bar=false", "data.n_train=256", "data.n_val=32", "data.batch_size=16",
+        "model.dim=32", "model.depth=1", "model.heads=2", "callbacks.mask_sweep.n_per_slot=4",
+    ],
 }
 
 

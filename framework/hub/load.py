@@ -142,6 +142,10 @@ def state_from_checkpoint(ckpt_path: str | Path) -> dict[str, torch.Tensor]:
         raise UnsafeWeightsError(f"{ckpt_path} holds no state_dict")
     if any(k.startswith("model.") for k in state):  # a LightningModule's keys: keep its backbone `.model`
         state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+    if any("lora_" in k for k in state):  # a LoRA fine-tune: fold the adapters into plain weights
+        from framework.models.lora import merge_lora_state
+
+        state = merge_lora_state(state)
     return state
 
 

@@ -117,7 +117,8 @@ def _bundle_from_run_dir(run_dir: Path) -> _Bundle:
         raise FileNotFoundError(f"{run_dir} has no checkpoints/last.ckpt: train with the `checkpoint` callback")
     config = validate_config({"name": spec.get("name"), "config": spec.get("config", {}),
                               "framework_version": __version__, "recipe": results.get("recipe"),
-                              "command": results.get("command")})
+                              "command": results.get("command"),
+                              **({"mask_id": spec["mask_id"]} if spec.get("mask_id") is not None else {})})
     state = state_from_checkpoint(ckpt_path)
     model = _build(config)
     try:

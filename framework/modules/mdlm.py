@@ -137,7 +137,13 @@ class MDLMModule(TrainModule):
         self.log("train/loss", loss)
         return loss
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        # EMA moves right after the weights do, before any callback (e.g. a checkpoint) sees the step
+        super().optimizer_step(*args, **kwargs)
+        self.update_ema()
+
+    def update_ema(self) -> None:
+        """ema ← decay·ema + (1−decay)·weights."""
         if self.ema is not None:
             with torch.no_grad():
                 for e, p in zip(self.ema.parameters(), self.model.parameters(), strict=True):

@@ -80,7 +80,7 @@ def test_ema_tracks_the_weights_and_is_what_evaluation_uses():
         for p in module.model.parameters():
             p.add_(1.0)
     before = [e.clone() for e in module.ema.parameters()]
-    module.on_train_batch_end(None, None, 0)
+    module.update_ema()
     for e, b, p in zip(module.ema.parameters(), before, module.model.parameters(), strict=True):
         assert torch.allclose(e, 0.5 * b + 0.5 * p)
 

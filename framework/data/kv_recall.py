@@ -1,0 +1,190 @@
+"""Key-value associative recall (spec 1.4, the harder variant): `BOS k1 v1 .. kN vN SEP kq vq EOS^p PAD...`.
+
+N pairs with distinct keys; the query key kq repeats the key of pair q ("content-matched": the model must
+compare contents, not find a marker), and the answer is its value vq, right after the prompt `BOS pairs SEP kq`.
+Slot q = 0 is the pair farthest from the answer. p ~ U{0..max_eos} trailing EOS, as in the needle task.
+Same interface as `NeedleData`, so `mask_sweep` works on it. The spec measured that a 3-layer d=64 MDLM does
+not learn it in a CPU budget (3-4k steps: 0.17-0.23 accuracy); it is sized for a GPU (≥ 20k steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from framework.data.needle import with_masks
+from framework.data.resumable import train_loader
+
+PAD, MASK, BOS, SEP, EOS = range(5)
+FIRST_KEY = 5  # keys are FIRST_KEY .. FIRST_KEY + n_keys - 1; values follow them
+
+
+def _check(n_pairs: int, n_keys: int, n_values: int, max_eos: int) -> None:
+    if n_pairs < 1 or n_keys < n_pairs:
+        raise ValueError(f"n_pairs={n_pairs} must be >= 1 and n_keys={n_keys} >= n_pairs (keys are distinct)")
+    if n_values < 2:
+        raise ValueError(f"n_values={n_values} must be >= 2")
+    if max_eos < 0:
+        raise ValueError(f"max_eos={max_eos} must be >= 0")
+
+
+def prompt_length(n_pairs: int = 8) -> int:
+    """Length of `BOS k1 v1 .. kN vN SEP kq`; also the absolute position of the answer vq."""
+    return 2 * n_pairs + 3
+
+
+def key_position(slot: Tensor | int) -> Tensor | int:
+    """Absolute position of the key of pair `slot` (BOS is position 0); its value follows it."""
+    return 1 + 2 * slot
+
+
+def kv_prompts(
+    slots: Tensor, generator: torch.Generator | None = None, n_pairs: int = 8, n_keys: int = 16, n_values: int = 16
+) -> dict[str, Tensor]:
+    """Prompts (n, 2N+3) querying pair `slots` (n,); also returns the answers (`value`) and the slots."""
+    _check(n_pairs, n_keys, n_values, 0)
+    slots = torch.as_tensor(slots, dtype=torch.long)
+    if slots.numel() and (slots.min() < 0 or slots.max() >= n_pairs):
+        raise ValueError(f"slots must lie in [0, {n_pairs - 1}], got {slots.unique().tolist()}")
+    n = slots.shape[0]
+    keys = torch.rand(n, n_keys, generator=generator).argsort(dim=1)[:, :n_pairs] + FIRST_KEY
+    values = torch.randint(0, n_values, (n, n_pairs), generator=generator) + FIRST_KEY + n_keys
+    rows = torch.arange(n)
+    pairs = torch.stack([keys, values], dim=2).flatten(1)  # k1 v1 k2 v2 ...
+    query = keys[rows, slots]
+    prompt = torch.cat([torch.full((n, 1), BOS), pairs, torch.full((n, 1), SEP), query[:, None]], dim=1)
+    return {"prompt": prompt, "value": values[rows, slots], "slot": slots}
+
+
+def kv_rows(
+    n: int,
+    generator: torch.Generator | None = None,
+    n_pairs: int = 8,
+    n_keys: int = 16,
+    n_values: int = 16,
+    max_eos: int = 32,
+) -> dict[str, Tensor]:
+    """n training rows of fixed length 2N + 4 + max_eos, right-padded with PAD.
+
+    Keys: tokens, attention_mask (True = real), prompt_mask (True = prompt), slot, value, length.
+    """
+    _check(n_pairs, n_keys, n_values, max_eos)
+    slots = torch.randint(0, n_pairs, (n,), generator=generator)
+    made = kv_prompts(slots, generator, n_pairs, n_keys, n_values)
+    eos = torch.randint(0, max_eos + 1, (n,), generator=generator)
+    p = prompt_length(n_pairs)
+    width = p + 1 + max_eos
+    tokens = torch.full((n, width), PAD)
+    tokens[:, :p] = made["prompt"]
+    tokens[:, p] = made["value"]
+    pos = torch.arange(width)[None]
+    length = p + 1 + eos
+    tokens = torch.where((pos > p) & (pos < length[:, None]), EOS, tokens)
+    return {
+        "tokens": tokens,
+        "attention_mask": pos < length[:, None],
+        "prompt_mask": (pos < p).expand(n, width).clone(),
+        "slot": slots,
+        "value": made["value"],
+        "length": length,
+    }
+
+
+def kv_eval_batch(
+    m: int,
+    slots: Iterable[int] = range(8),
+    n_per_slot: int = 400,
+    generator: torch.Generator | None = None,
+    n_pairs: int = 8,
+    n_keys: int = 16,
+    n_values: int = 16,
+) -> dict[str, Tensor | int]:
+    """`n_per_slot` prompts per queried slot, each followed by 1+m masks; the same generator seed gives the same
+    prompts for every m. Keys: tokens, prompt, answer, answer_position (an int), slot."""
+    slot_rows = torch.tensor(list(slots), dtype=torch.long).repeat_interleave(n_per_slot)
+    made = kv_prompts(slot_rows, generator, n_pairs, n_keys, n_values)
+    return {
+        "tokens": with_masks(made["prompt"], m, MASK),
+        "prompt": made["prompt"],
+        "answer": made["value"],
+        "answer_position": prompt_length(n_pairs),
+        "slot": slot_rows,
+    }
+
+
+class KVRecallDataset(Dataset):
+    """A fixed set of recall rows generated from `seed`; items are dicts of tensors (see `kv_rows`)."""
+
+    def __init__(self, n: int, seed: int, **shape: int):
+        if n < 1:
+            raise ValueError(f"n={n} rows must be >= 1")
+        self.rows = kv_rows(n, torch.Generator().manual_seed(seed), **shape)
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        return {key: value[i] for key, value in self.rows.items()}
+
+
+class KVRecallData(L.LightningDataModule):
+    """Key-value recall (spec 1.4, GPU-sized): `n_train` rows from `seed`, `n_val` held-out rows from another
+    stream; `eval_batch(m, ...)` gives `prompt + [MASK]^(1+m)` inputs for the `mask_sweep` callback."""
+
+    pad_id, mask_id, bos_id, sep_id, eos_id = PAD, MASK, BOS, SEP, EOS
+
+    def __init__(
+        self,
+        n_pairs: int = 8,
+        n_keys: int = 16,
+        n_values: int = 16,
+        max_eos: int = 32,
+        n_train: int = 20_000,
+        n_val: int = 2_000,
+        batch_size: int = 64,
+        seed: int = 0,
+        num_workers: int = 0,
+    ):
+        super().__init__()
+        _check(n_pairs, n_keys, n_values, max_eos)
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1")
+        self.n_pairs, self.n_keys, self.n_values, self.max_eos = n_pairs, n_keys, n_values, max_eos
+        self.n_train, self.n_val, self.batch_size, self.seed = n_train, n_val, batch_size, seed
+        self.num_workers = num_workers
+        self.vocab_size = FIRST_KEY + n_keys + n_values
+        self.prompt_length = prompt_length(n_pairs)
+        self.answer_position = self.prompt_length
+        self.max_len = self.prompt_length + 1 + max_eos
+        self.n_slots = n_pairs
+        self.train_set: KVRecallDataset | None = None
+        self.val_set: KVRecallDataset | None = None
+
+    @property
+    def _shape(self) -> dict[str, int]:
+        return dict(n_pairs=self.n_pairs, n_keys=self.n_keys, n_values=self.n_values)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        self.train_set = KVRecallDataset(self.n_train, self.seed, max_eos=self.max_eos, **self._shape)
+        self.val_set = KVRecallDataset(self.n_val, self.seed + 1_000_003, max_eos=self.max_eos, **self._shape)
+
+    def eval_batch(self, m: int, n_per_slot: int = 400, seed: int | None = None) -> dict[str, Tensor | int]:
+        """Held-out `prompt + [MASK]^(1+m)` inputs over every slot; the same `seed` gives the same prompts."""
+        g = torch.Generator().manual_seed(self.seed + 2_000_006 if seed is None else seed)
+        return kv_eval_batch(m, range(self.n_slots), n_per_slot, g, **self._shape)
+
+    def train_dataloader(self) -> DataLoader:
+        return train_loader(self.train_set, self.batch_size, self.seed, self.trainer, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.val_dataloader()
