@@ -42,6 +42,7 @@ class MDLMModule(TrainModule):
         extra_loss_after: int = 0,
         mdlm_weight: float = 1.0,
         target_len: int = 1,
+        reduction: str = "tokens",
         lora_rank: int = 0,
         lora_alpha: float = 16.0,
         lora_targets: tuple[str, ...] = ("q", "kv", "proj", "fc"),
@@ -58,6 +59,9 @@ class MDLMModule(TrainModule):
         if lora_rank < 0:
             raise ValueError(f"lora_rank={lora_rank} must be >= 0 (0 = full fine-tuning)")
         self.lora_rank, self.lora_alpha, self.lora_targets, self._prepared = lora_rank, lora_alpha, lora_targets, False
+        if reduction not in ("tokens", "response"):
+            raise ValueError(f"reduction={reduction!r} is invalid; valid: tokens (MDLM), response (LLaDA SFT)")
+        self.reduction = reduction
         self.mask_id, self.schedule = mask_id, LogLinearSchedule(sampling_eps)
         self.sampling_eps, self.sft_fraction = sampling_eps, sft_fraction
         self.extra_loss, self.extra_loss_weight = extra_loss, extra_loss_weight
@@ -109,6 +113,7 @@ class MDLMModule(TrainModule):
         return mdlm_nelbo(
             model, tokens, self.mask_id, self.schedule,
             attention_mask=attention, prompt_mask=prompt, sampling_eps=self.sampling_eps, generator=generator,
+            reduction=self.reduction if train else "tokens",
         )
 
     def _extra(self, batch: Any, generator: torch.Generator | None = None) -> tuple[Tensor, dict[str, Tensor]]:

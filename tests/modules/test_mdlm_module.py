@@ -99,3 +99,9 @@ def test_init_from_loads_a_run_checkpoint_and_refuses_another_architecture(tmp_p
         load_weights_into(other, ckpt)
     with pytest.raises(FileNotFoundError, match="no checkpoints/last.ckpt"):
         load_weights_into(other, tmp_path / "checkpoints")
+
+
+def test_unknown_reduction_is_refused_with_the_valid_ones():
+    with pytest.raises(ValueError, match="reduction='mean' is invalid; valid: tokens"):
+        MDLMModule(TransformerLM(vocab_size=10, dim=16, depth=1, heads=2, causal=False), vocab_size=10, mask_id=9,
+                   reduction="mean")

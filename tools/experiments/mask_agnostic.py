@@ -44,7 +44,8 @@ def pretrain(seed: int, steps: int, out: Path) -> Path:
 def finetune(seed: int, arm: str, pre: Path, steps: int, lr: float, out: Path) -> dict:
     recipe = ["recipe=mdlm_baseline"] if arm == "mdlm_only" else ["recipe=mdlm_mask_agnostic", f"loss={arm}"]
     args = [*recipe, f"seed={seed}", f"init_from={pre}", "module.extra_loss_after=0", f"trainer.max_steps={steps}",
-            f"optimizer.lr={lr}", "scheduler=constant", "trainer.val_check_interval=null",
+            f"optimizer.lr={lr}", "scheduler.warmup_steps=0", "scheduler.min_lr_ratio=1.0",  # constant lr
+            "trainer.val_check_interval=null",
             "trainer.limit_val_batches=0", "validate_before_fit=false"]
     return run(args, out / f"seed{seed}" / arm)
 
@@ -56,7 +57,7 @@ def at(table: dict, key: str, m: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--pretrain-steps", type=int, default=3000)
+    ap.add_argument("--pretrain-steps", type=int, default=2000)
     ap.add_argument("--ft-steps", type=int, default=200)
     ap.add_argument("--ft-lr", type=float, default=6e-4)
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel, one torch thread each")
