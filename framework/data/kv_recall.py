@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import lightning as L
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from framework.data.needle import with_masks
-from framework.data.resumable import train_loader
+from framework.data.resumable import SplitData
 
 PAD, MASK, BOS, SEP, EOS = range(5)
 FIRST_KEY = 5  # keys are FIRST_KEY .. FIRST_KEY + n_keys - 1; values follow them
@@ -132,7 +131,7 @@ class KVRecallDataset(Dataset):
         return {key: value[i] for key, value in self.rows.items()}
 
 
-class KVRecallData(L.LightningDataModule):
+class KVRecallData(SplitData):
     """Key-value recall (spec 1.4, GPU-sized): `n_train` rows from `seed`, `n_val` held-out rows from another
     stream; `eval_batch(m, ...)` gives `prompt + [MASK]^(1+m)` inputs for the `mask_sweep` callback."""
 
@@ -179,12 +178,3 @@ class KVRecallData(L.LightningDataModule):
         """Held-out `prompt + [MASK]^(1+m)` inputs over every slot; the same `seed` gives the same prompts."""
         g = torch.Generator().manual_seed(self.seed + 2_000_006 if seed is None else seed)
         return kv_eval_batch(m, range(self.n_slots), n_per_slot, g, **self._shape)
-
-    def train_dataloader(self) -> DataLoader:
-        return train_loader(self.train_set, self.batch_size, self.seed, self.trainer, num_workers=self.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)
-
-    def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import lightning as L
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from framework.data.resumable import train_loader
+from framework.data.resumable import SplitData
 
 PAD, MASK, BOS, SEP, EOS, NDL = range(6)
 FIRST_SYMBOL = 6  # content tokens are FIRST_SYMBOL .. FIRST_SYMBOL + n_symbols - 1
@@ -134,7 +133,7 @@ class NeedleDataset(Dataset):
         return {key: value[i] for key, value in self.rows.items()}
 
 
-class NeedleData(L.LightningDataModule):
+class NeedleData(SplitData):
     """Needle retrieval (spec 1.4): `n_train` training rows from `seed`, `n_val` held-out rows from another stream."""
 
     pad_id, mask_id, bos_id, sep_id, eos_id, needle_id = PAD, MASK, BOS, SEP, EOS, NDL
@@ -176,12 +175,3 @@ class NeedleData(L.LightningDataModule):
         """Held-out `prompt + [MASK]^(1+m)` inputs over every slot; the same `seed` gives the same prompts."""
         g = torch.Generator().manual_seed(self.seed + 2_000_006 if seed is None else seed)
         return needle_eval_batch(m, range(self.n_slots), n_per_slot, g, self.n_symbols, self.context_len)
-
-    def train_dataloader(self) -> DataLoader:
-        return train_loader(self.train_set, self.batch_size, self.seed, self.trainer, num_workers=self.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)
-
-    def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -80,3 +81,23 @@ def train_loader(dataset: Dataset, batch_size: int, seed: int, trainer: Any = No
         if 0 < done < batches_per_epoch:
             sampler.skip_batches(done)
     return ResumableLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, **kw)
+
+
+class SplitData(L.LightningDataModule):
+    """A DataModule with `train_set` / `val_set`: resumable, self-sharding training loader; the validation
+    split doubles as the test split. Subclasses set `batch_size`, `seed`, `num_workers` and build the sets."""
+
+    train_set: Dataset | None = None
+    val_set: Dataset | None = None
+    batch_size: int
+    seed: int
+    num_workers: int = 0
+
+    def train_dataloader(self) -> DataLoader:
+        return train_loader(self.train_set, self.batch_size, self.seed, self.trainer, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.val_dataloader()

@@ -9,12 +9,11 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import lightning as L
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from framework.data.resumable import train_loader
+from framework.data.resumable import SplitData
 
 SOURCES = ("pydoc", "stdlib", "both")
 _STDLIB_MODULES = ("collections", "json", "argparse", "dataclasses", "typing", "functools", "pathlib", "inspect")
@@ -57,7 +56,7 @@ class ByteChunks(Dataset):
         return self.data[start : start + self.seq_len + 1].long()
 
 
-class ByteCorpus(L.LightningDataModule):
+class ByteCorpus(SplitData):
     """Byte-level LM data: the last `val_fraction` of the corpus is the validation split."""
 
     vocab_size = 256
@@ -92,12 +91,3 @@ class ByteCorpus(L.LightningDataModule):
         cut = int(len(data) * (1 - self.val_fraction))
         self.train_set = ByteChunks(data[:cut], self.seq_len)
         self.val_set = ByteChunks(data[cut:], self.seq_len)
-
-    def train_dataloader(self) -> DataLoader:
-        return train_loader(self.train_set, self.batch_size, self.seed, self.trainer, num_workers=self.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)
-
-    def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()
