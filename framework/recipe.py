@@ -13,9 +13,24 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework.registry import RECIPES, ZEN_STORE
 
+# recipe name -> command-line overrides that shrink it to a few-second smoke run (what the CLI test runs)
+SMOKE: dict[str, list[str]] = {}
 
-def recipe(name: str, *, description: str, defaults: dict[str, Any] | None = None, **values: Any) -> DictConfig:
-    """Register recipe `name`: group choices in `defaults`, plain values as keyword arguments."""
+
+def recipe(
+    name: str,
+    *,
+    description: str,
+    defaults: dict[str, Any] | None = None,
+    smoke: list[str] | None = None,
+    **values: Any,
+) -> DictConfig:
+    """Register recipe `name`: group choices in `defaults`, plain values as keyword arguments.
+
+    `smoke` lists overrides that make the recipe a tiny run (4 steps); the test suite runs every recipe with them.
+    """
+    if smoke is not None:
+        SMOKE[name] = list(smoke)
     overrides = [{f"override /{group}": choice} for group, choice in (defaults or {}).items()]
     # untyped on purpose: a typed config in `_global_` fails to merge with the primary config
     cfg = OmegaConf.create({"defaults": ["_self_", *overrides], **values})

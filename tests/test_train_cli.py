@@ -8,6 +8,7 @@ import torch
 from helpers import assert_resume_is_exact
 
 from framework.cli import check_choices
+from framework.recipe import SMOKE as RECIPE_SMOKE
 from framework.registry import RECIPES, UnknownNameError
 
 # a few steps of a tiny model: proves the wiring, not the learning
@@ -49,7 +50,8 @@ def recipe_choice(name: str, group: str) -> str:
 
 @pytest.mark.parametrize("name", RECIPES.names())
 def test_every_recipe_runs_a_few_steps_through_the_cli(cli, tmp_path, name):
-    proc = cli(f"recipe={name}", *SMOKE[recipe_choice(name, "data")], f"hydra.run.dir={tmp_path}")
+    overrides = RECIPE_SMOKE.get(name) or SMOKE[recipe_choice(name, "data")]
+    proc = cli(f"recipe={name}", *overrides, f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["recipe"] == name and results["global_step"] == 4
