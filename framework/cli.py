@@ -1,7 +1,9 @@
-"""Command-line checks that run before Hydra: unknown group choices get the registry's did-you-mean."""
+"""Command-line checks that run before Hydra: unknown group choices get the registry's did-you-mean, misspelt
+setting keys get a did-you-mean over the keys that exist there, and values of the wrong type name the expected type."""
 
 from __future__ import annotations
 
+import difflib
 import sys
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -34,10 +36,62 @@ def _values(ov) -> list:
     return list(value) if isinstance(value, list) else [value]
 
 
-def exit_on_unknown_choice(argv: list[str]) -> None:
-    """`check_choices`, turned into one error line and exit code 2 (no stack trace)."""
+class BadSettingError(ValueError):
+    """A `key=value` override naming a setting that does not exist, or giving it a value of the wrong type."""
+
+
+def check_settings(argv: list[str], config_name: str = "train") -> None:
+    """Compose the config the way Hydra will and raise `BadSettingError` for an unknown key or a mistyped value.
+
+    Runs only when there are plain `key=value` overrides (sweeps are left to Hydra). Needs the store registered.
+    """
+    args = [a for a in argv if "=" in a and not a.startswith(("-", "+", "~", "hydra."))]
+    try:
+        overrides = OverridesParser.create().parse_overrides(args)
+    except OverrideParseException:
+        return
+    if any(ov.is_sweep_override() for ov in overrides) or all(ov.key_or_group in GROUPS for ov in overrides):
+        return
+    from hydra import compose, initialize
+    from hydra.errors import ConfigCompositionException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    with initialize(version_base="1.3", config_path=None):
+        try:
+            compose(config_name, overrides=args)
+            return
+        except ConfigCompositionException as err:
+            cause = err.__cause__
+            key = getattr(cause, "full_key", None)
+            if key is None:
+                raise BadSettingError(str(err)) from None
+            given = next((a.split("=", 1)[1] for a in args if a.split("=", 1)[0] == key), None)
+            if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+                parent, _, leaf = key.rpartition(".")
+                base = compose(config_name, overrides=[a for a in args if a.split("=", 1)[0] != key])
+                node = OmegaConf.select(base, parent) if parent else base
+                keys = node.keys() if hasattr(node, "keys") else []
+                known = sorted(str(k) for k in keys if not str(k).startswith("_"))
+                close = difflib.get_close_matches(leaf, known, n=3, cutoff=0.6)
+                hint = f" Did you mean {' or '.join(repr(f'{parent}.{c}' if parent else c) for c in close)}?"
+                where = f"of {parent}" if parent else "at the top level"
+                raise BadSettingError(
+                    f"Unknown setting {key!r}.{hint if close else ''} Valid settings {where}: {', '.join(known)}"
+                    f" (to add a new key on purpose, write +{key}=...)"
+                ) from None
+            if isinstance(cause, ValidationError):
+                reason = str(cause).splitlines()[0]
+                raise BadSettingError(f"Bad value for {key}: {given!r}. {reason}") from None
+            raise BadSettingError(f"{key}: {str(cause).splitlines()[0]}") from None
+
+
+def exit_on_unknown_choice(argv: list[str], config_name: str | None = None) -> None:
+    """`check_choices` (and `check_settings` when `config_name` is given), as one error line and exit code 2."""
     try:
         check_choices(argv)
-    except UnknownNameError as err:
+        if config_name:
+            check_settings(argv, config_name)
+    except (UnknownNameError, BadSettingError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

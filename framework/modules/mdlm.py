@@ -22,7 +22,8 @@ class MDLMModule(TrainModule):
     """Trains a bidirectional tokens→logits model as a masked diffusion LM (spec 1.1), plus `extra_loss`.
 
     Batches are dicts with `tokens` and optionally `attention_mask` (True = real token) and `prompt_mask`
-    (True = prompt). A fraction `sft_fraction` of rows keeps its prompt clean (LLaDA SFT masking). With
+    (True = prompt). A fraction `sft_fraction` of rows keeps its prompt clean (LLaDA SFT masking); validation
+    reports the NELBO bound of every token, or of the response given the prompt when `sft_fraction=1`. With
     `extra_loss` (a callable `(model, prompt, target, prompt_lengths) -> (loss, stats)`, such as
     `MaskAgnosticLoss`), the `target_len` tokens right after each prompt are its targets.
     """
@@ -108,8 +109,9 @@ class MDLMModule(TrainModule):
         if prompt is not None and train and self.sft_fraction < 1.0:
             keep = torch.rand(tokens.shape[0], 1, device=tokens.device, generator=generator) < self.sft_fraction
             prompt = prompt & keep
-        elif prompt is not None and not train:
+        elif prompt is not None and not train and self.sft_fraction < 1.0:
             prompt = None  # validation: the unconditional NELBO bound over every token
+        # (sft_fraction=1: a purely prompt-conditional model; validation bounds the response given the prompt)
         return mdlm_nelbo(
             model, tokens, self.mask_id, self.schedule,
             attention_mask=attention, prompt_mask=prompt, sampling_eps=self.sampling_eps, generator=generator,

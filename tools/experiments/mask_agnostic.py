@@ -10,6 +10,7 @@ k1 = 2 and k2 ≤ 16 in fine-tuning; evaluation goes to m = 64 appended masks (m
 training sequence). Writes runs/experiments/mask_agnostic/{summary.json, table.md, effect.png}.
 
     python tools/experiments/mask_agnostic.py [--seeds 0 1 2] [--pretrain-steps 3000] [--ft-steps 200] [--jobs 2]
+        [--set data.context_len=8 ...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -35,9 +36,13 @@ def run(args: list[str], run_dir: Path) -> dict:
     return json.loads((run_dir / "mask_sweep.json").read_text())
 
 
+SET: list[str] = []  # extra overrides for every run (--set), e.g. a smaller task
+
+
 def pretrain(seed: int, steps: int, out: Path) -> Path:
     run_dir = out / f"seed{seed}" / "pretrain"
-    run(["recipe=mdlm_baseline", f"seed={seed}", f"trainer.max_steps={steps}", "module.extra_loss_after=0"], run_dir)
+    run(["recipe=mdlm_baseline", f"seed={seed}", f"trainer.max_steps={steps}", "module.extra_loss_after=0", *SET],
+        run_dir)
     return run_dir
 
 
@@ -46,7 +51,7 @@ def finetune(seed: int, arm: str, pre: Path, steps: int, lr: float, out: Path) -
     args = [*recipe, f"seed={seed}", f"init_from={pre}", "module.extra_loss_after=0", f"trainer.max_steps={steps}",
             f"optimizer.lr={lr}", "scheduler.warmup_steps=0", "scheduler.min_lr_ratio=1.0",  # constant lr
             "trainer.val_check_interval=null",
-            "trainer.limit_val_batches=0", "validate_before_fit=false"]
+            "trainer.limit_val_batches=0", "validate_before_fit=false", *SET]
     return run(args, out / f"seed{seed}" / arm)
 
 
@@ -62,7 +67,9 @@ def main() -> None:
     ap.add_argument("--ft-lr", type=float, default=6e-4)
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel, one torch thread each")
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "experiments" / "mask_agnostic")
+    ap.add_argument("--set", nargs="*", default=[], help="overrides for every run, e.g. data.context_len=8")
     args = ap.parse_args()
+    SET[:] = args.set
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         pres = dict(zip(args.seeds, pool.map(lambda s: pretrain(s, args.pretrain_steps, args.out), args.seeds),
