@@ -13,8 +13,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework.registry import RECIPES, ZEN_STORE
 
-# recipe name -> command-line overrides that shrink it to a few-second smoke run (what the CLI test runs)
+# recipe name -> command-line overrides that shrink it to a few-second smoke run (what the CLI tests run)
 SMOKE: dict[str, list[str]] = {}
+# the part of a smoke run every recipe shares: 4 steps, one thread, two short validations, no progress bar
+SMOKE_RUN = ["threads=1", "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=2",
+             "trainer.enable_progress_bar=false"]
 
 
 def recipe(

@@ -26,6 +26,8 @@ from hydra_zen import builds, make_config, zen
 from lightning.pytorch.loggers import CSVLogger
 
 from framework import __version__
+from framework.callbacks.safety import GracefulInterrupt, NonFiniteLossError, StopOnNonFinite
+from framework.checkpointing import AtomicCheckpointIO, CheckpointError, check_checkpoint
 from framework.registry import ZEN_STORE, load_catalog
 
 RUN_DIR = "${hydra:runtime.output_dir}"
@@ -60,6 +62,7 @@ DEFAULTS = [
     {"scheduler": "warmup_cosine"},
     {"callbacks": ["checkpoint"]},
     {"loss": None},
+    {"sampler": None},  # dynamic data selection (`sampler=data_agent`); None trains on every sample as before
     {"recipe": None},  # last: a recipe overrides the choices above; None lets `recipe=NAME` go without '+'
 ]
 
@@ -72,6 +75,7 @@ TrainConfig = make_config(
     scheduler=None,
     callbacks=None,
     loss=None,
+    sampler=None,
     recipe=None,
     trainer=TrainerConf,
     hub=HubConf,
@@ -102,6 +106,7 @@ def train(
     scheduler: Any = None,
     callbacks: dict[str, L.Callback] | None = None,
     loss: Any = None,
+    sampler: Any = None,
     ckpt_path: str | None = None,
     init_from: str | None = None,
     validate_before_fit: bool = True,
@@ -113,10 +118,16 @@ def train(
         data.seed = seed
     extra = {"extra_loss": complete_from(loss, data)()} if loss is not None else {}
     lm = complete_from(module, data)(model=model, optimizer=optimizer, scheduler=scheduler, **extra)
+    if sampler is not None:  # a selection policy: the DataSelection callback runs it (added if not listed)
+        from framework.callbacks.data_agent import with_selection
+
+        callbacks = with_selection(callbacks, sampler() if isinstance(sampler, functools.partial) else sampler, seed)
     if init_from:
         from framework.hub import load_weights_into
 
         load_weights_into(lm.model, init_from)
+    if ckpt_path:  # a missing, damaged or foreign checkpoint is refused before anything is written
+        _or_exit(check_checkpoint, ckpt_path, lm, code=2)
     loggers = [CSVLogger(save_dir=str(run_dir), name="csv", version="")]
     try:
         import tensorboard  # noqa: F401
@@ -126,10 +137,14 @@ def train(
     except ImportError:
         pass
     bar = trainer.keywords.get("enable_progress_bar")
+    command = "python -m framework.train " + " ".join(shlex.quote(a) for a in sys.argv[1:] if "ckpt_path=" not in a)
+    interrupt = GracefulInterrupt(resume_hint=command)
+    guards = [StopOnNonFinite(), interrupt]
     run = trainer(
-        callbacks=list((callbacks or {}).values()) + _hub_callbacks(hub),
+        callbacks=list((callbacks or {}).values()) + _hub_callbacks(hub) + guards,
         logger=loggers,
         enable_progress_bar=sys.stdout.isatty() if bar is None else bar,
+        plugins=trainer.keywords.get("plugins") or [AtomicCheckpointIO()],  # a kill never corrupts a checkpoint
     )
 
     start = time.time()
@@ -138,8 +153,15 @@ def train(
         initial = {
             f"{k}_init": _num(v) for k, v in run.validate(lm, datamodule=data, verbose=False)[0].items()
         }
-    run.fit(lm, datamodule=data, ckpt_path=ckpt_path)
+    _or_exit(run.fit, lm, datamodule=data, ckpt_path=ckpt_path, code=1)
     metrics = {k: _num(v) for k, v in run.callback_metrics.items()}
+    if interrupt.saved_path:  # Ctrl-C: stop here, on every rank; the checkpoint and the resume command are printed
+        if run.is_global_zero:
+            (run_dir / "results.json").write_text(json.dumps(
+                {"interrupted": True, "global_step": run.global_step, "metrics": metrics,
+                 "checkpoint": interrupt.saved_path, "resume": f"{command} ckpt_path={interrupt.saved_path}"},
+                indent=2))
+        raise SystemExit(130)
     for cb in run.callbacks:  # callbacks that evaluate something (e.g. mask_sweep) report here
         metrics.update({k: _num(v) for k, v in getattr(cb, "results", dict)().items()})
     if run.limit_val_batches:  # the final weights' validation numbers, not the last scheduled check's
@@ -174,6 +196,15 @@ def train(
     return results
 
 
+def _or_exit(fn: Any, *args: Any, code: int, **kw: Any) -> Any:
+    """Run `fn`; the errors whose message says it all (bad checkpoint, NaN loss) become one `error:` line + exit."""
+    try:
+        return fn(*args, **kw)
+    except (CheckpointError, NonFiniteLossError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(code) from None
+
+
 def complete_from(factory: Any, data: Any) -> Any:
     """Fill a partial's arguments that the recipe left unset (None) from the data of the same name.
 
@@ -184,7 +215,7 @@ def complete_from(factory: Any, data: Any) -> Any:
     names = inspect.signature(factory.func).parameters
     fill = {
         name: getattr(data, name)
-        for name in ("vocab_size", "mask_id", "pad_id")
+        for name in ("vocab_size", "mask_id", "pad_id", "num_classes", "input_shape")
         if name in names and factory.keywords.get(name) is None and getattr(data, name, None) is not None
     }
     return functools.partial(factory, **fill) if fill else factory
@@ -281,7 +312,7 @@ def main() -> None:
 
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
     register_app()
-    exit_on_unknown_choice(sys.argv[1:])
+    exit_on_unknown_choice(sys.argv[1:], config_name="train")
     task.hydra_main(config_name="train", config_path=None, version_base="1.3")
 
 

@@ -1,4 +1,4 @@
-from framework.recipe import recipe
+from framework.recipe import SMOKE_RUN, recipe
 
 # Spec 1.4's harder variant: key-value recall `BOS k1 v1 .. k8 v8 SEP kq [vq] EOS^p` with the needle recipe's
 # MDLM. The CPU default (300 steps, 1-2 min) only proves the wiring: the spec measured that d=64 with 3 layers
@@ -8,6 +8,8 @@ from framework.recipe import recipe
 recipe(
     "mdlm_kv_recall",
     description="Key-value recall MDLM, accuracy vs appended masks; the CPU default is a smoke size (learn on a GPU).",
+    smoke=[*SMOKE_RUN, "data.n_train=256", "data.n_val=32", "data.batch_size=16", "model.dim=32", "model.depth=1",
+           "model.heads=2", "callbacks.mask_sweep.n_per_slot=4"],
     defaults={"data": "kv_recall", "model": "transformer_lm", "module": "mdlm", "optimizer": "adamw",
               "callbacks": ["checkpoint", "mask_sweep"]},
     data={"batch_size": 64, "n_train": 20000},

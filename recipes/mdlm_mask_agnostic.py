@@ -1,4 +1,4 @@
-from framework.recipe import recipe
+from framework.recipe import SMOKE_RUN, recipe
 
 # Spec 1.4: a 3-layer bidirectional MDLM learns the needle task; from step `extra_loss_after` on, the
 # mask-agnostic loss (few-mask view k1=2, the smallest in-distribution tail; many-mask view k2 ≤ 16) is added.
@@ -16,6 +16,8 @@ NEEDLE_MDLM = dict(
     optimizer={"lr": 2e-3, "weight_decay": 0.0},
     scheduler={"warmup_steps": 200, "min_lr_ratio": 0.1},
     trainer={"max_steps": 2200, "val_check_interval": 1000, "check_val_every_n_epoch": None, "limit_val_batches": 8},
+    smoke=[*SMOKE_RUN, "data.n_train=256", "data.n_val=32", "data.batch_size=16", "model.dim=32", "model.depth=1",
+           "model.heads=2", "module.extra_loss_after=2", "callbacks.mask_sweep.n_per_slot=4"],
 )
 
 recipe(

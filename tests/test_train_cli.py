@@ -8,8 +8,7 @@ import torch
 from helpers import assert_resume_is_exact
 
 from framework.cli import check_choices
-from framework.recipe import SMOKE as RECIPE_SMOKE
-from framework.registry import RECIPES, UnknownNameError
+from framework.registry import UnknownNameError
 
 # a few steps of a tiny model: proves the wiring, not the learning
 TINY = [
@@ -21,43 +20,6 @@ TINY = [
     "data.max_bytes=60000",
 ]
 TINY_MODEL = ["model.dim=32", "model.depth=1", "model.heads=2", "data.seq_len=32", "data.batch_size=8"]
-
-
-# the smallest sizes that still exercise every part, by the recipe's data choice
-SMOKE = {
-    "byte_corpus": TINY + TINY_MODEL,
-    "needle": [
-        "threads=1", "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=2",
-        "trainer.enable_progress_bar=false", "data.n_train=256", "data.n_val=32", "data.batch_size=16",
-        "model.dim=32", "model.depth=1", "model.heads=2", "module.extra_loss_after=2",
-        "callbacks.mask_sweep.n_per_slot=4",
-    ],
-    "kv_recall": [
-        "threads=1", "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=2",
-        "trainer.enable_progress_bar=false", "data.n_train=256", "data.n_val=32", "data.batch_size=16",
-        "model.dim=32", "model.depth=1", "model.heads=2", "callbacks.mask_sweep.n_per_slot=4",
-    ],
-}
-
-
-def recipe_choice(name: str, group: str) -> str:
-    """The choice a recipe makes for `group` (read from its defaults list)."""
-    for entry in RECIPES.get(name).defaults:
-        if not isinstance(entry, str) and f"override /{group}" in entry:
-            return entry[f"override /{group}"]
-    raise LookupError(f"recipe {name} picks no {group}")
-
-
-@pytest.mark.parametrize("name", RECIPES.names())
-def test_every_recipe_runs_a_few_steps_through_the_cli(cli, tmp_path, name):
-    overrides = RECIPE_SMOKE.get(name) or SMOKE[recipe_choice(name, "data")]
-    proc = cli(f"recipe={name}", *overrides, f"hydra.run.dir={tmp_path}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((tmp_path / "results.json").read_text())
-    assert results["recipe"] == name and results["global_step"] == 4
-    assert (tmp_path / ".hydra" / "config.yaml").exists()
-    assert (tmp_path / "csv" / "metrics.csv").exists()
-    assert (tmp_path / "checkpoints" / "last.ckpt").exists()
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,30 @@
+"""Fault injection for tests and chaos runs: kill the training process at a chosen step, the hard way.
+
+Add it to any run from the command line without registering anything:
+`+callbacks.kill._target_=framework.testing.faults.KillAtStep +callbacks.kill.step=3`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import lightning as L
+
+
+class KillAtStep(L.Callback):
+    """Send `signal_name` (default SIGKILL: no cleanup, no final save) to this process when step `step` begins.
+
+    Step k begins after step k-1's `on_train_batch_end`, where `ModelCheckpoint` writes its checkpoints, so the
+    process dies mid-training with exactly the checkpoints a real crash at that point would leave.
+    """
+
+    def __init__(self, step: int, signal_name: str = "SIGKILL"):
+        if step < 1:
+            raise ValueError(f"step={step} must be >= 1 (the kill happens when that step begins)")
+        self.step, self.signal = step, getattr(signal, signal_name)
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step >= self.step:
+            os.kill(os.getpid(), self.signal)
