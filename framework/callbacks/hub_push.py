@@ -38,6 +38,10 @@ class HubPush(L.Callback):
         super().__init__()
         if int(every_n_validations) < 0:
             raise ValueError(f"every_n_validations={every_n_validations} must be >= 0 (0: only at the end of fit)")
+        if repo_id:
+            from framework.hub import check_repo_id
+
+            check_repo_id(repo_id)
         self.repo_id, self.revision, self.private = repo_id, revision, bool(private)
         self.every_n_validations, self.push_at_end = int(every_n_validations), bool(push_at_end)
         self.info = dict(info or {})

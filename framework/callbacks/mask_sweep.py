@@ -105,6 +105,12 @@ class MaskSweep(L.Callback):
         reference_m: int = 2,
         out_dir: str | None = None,
     ):
+        if not ms or any(int(m) < 0 for m in ms):
+            raise ValueError(f"ms={list(ms)} must be a non-empty list of mask counts >= 0")
+        if reference_m not in ms:
+            raise ValueError(f"reference_m={reference_m} must be one of ms={list(ms)} (TV is measured against it)")
+        if n_per_slot < 1:
+            raise ValueError(f"n_per_slot={n_per_slot} must be >= 1")
         self.ms, self.n_per_slot, self.seed, self.reference_m = list(ms), n_per_slot, seed, reference_m
         self.out_dir = out_dir
         self.table: dict[str, Any] | None = None

@@ -15,4 +15,10 @@ def lion(
         from lion_pytorch import Lion
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise ImportError("optimizer 'lion' needs the lion-pytorch package: pip install 'framework[bench]'") from err
+    if not lr > 0:
+        raise ValueError(f"lr={lr} is invalid: must be > 0")
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"betas={tuple(betas)} is invalid: need two values, each in [0, 1)")
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay={weight_decay} is invalid: must be >= 0")
     return Lion(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)

@@ -1,0 +1,184 @@
+"""The bad-input catalogue: each case gets a clear, specific error that names the bad value and what is valid,
+and nothing already on disk is lost. (Hub cases — a repo that does not exist, a tampered config.json, a pickle in
+place of safetensors, bad repo ids, the Hub going down — live in tests/test_hub.py and tests/test_generate.py;
+disk full and kills during a save in tests/test_checkpointing.py; NaN loss and Ctrl-C in-process in
+tests/callbacks/test_safety.py.)"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from helpers import REPO
+
+from framework.cli import BadSettingError, check_choices, check_settings
+from framework.recipe import SMOKE
+from framework.registry import GROUPS, KINDS, UnknownNameError, load_catalog
+
+load_catalog()
+
+
+# -- unknown names, one per Hydra group (did-you-mean from the registry) ---------------------------------------
+def _typo(name: str) -> str:
+    return name[:-1] + ("x" if name[-1] != "x" else "y")
+
+
+@pytest.mark.parametrize("group", sorted(g for g in GROUPS if GROUPS[g].names()))
+def test_unknown_name_in_every_group_gets_did_you_mean_and_the_valid_names(group):
+    registry = GROUPS[group]
+    real = registry.names()[0]
+    value = f"[{_typo(real)}]" if group == "callbacks" else _typo(real)
+    with pytest.raises(UnknownNameError) as err:
+        check_choices([f"{group}={value}"])
+    msg = str(err.value)
+    assert f"Unknown {registry.kind} {_typo(real)!r}. Did you mean " in msg and repr(real) in msg
+    assert f"Valid {registry.kind} names: " in msg
+
+
+# -- override keys and value types -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["recipe=char_lm", "trainer.max_stpes=5"], "Unknown setting 'trainer.max_stpes'. Did you mean "
+                                                    "'trainer.max_steps'"),
+        (["recipe=char_lm", "optimizer.lrr=0.1"], "Unknown setting 'optimizer.lrr'. Did you mean 'optimizer.lr'?"),
+        (["recipe=char_lm", "model.dimm=64"], "Unknown setting 'model.dimm'. Did you mean 'model.dim'?"),
+        (["recipe=char_lm", "sed=3"], "Unknown setting 'sed'. Did you mean 'seed'?"),
+        (["recipe=char_lm", "trainer.max_steps=abc"], "Bad value for trainer.max_steps: 'abc'. Value 'abc' of type "
+                                                      "'str' could not be converted to Integer"),
+        (["recipe=char_lm", "model.dim=1.5"], "Bad value for model.dim: '1.5'."),
+        (["recipe=mdlm_text", "module.ema_decay=high"], "Bad value for module.ema_decay: 'high'."),
+    ],
+)
+def test_misspelt_keys_and_wrong_types_are_named_with_the_valid_ones(args, expected):
+    with pytest.raises(BadSettingError, match=re.escape(expected)):
+        check_settings(args)
+
+
+def test_valid_overrides_pass_the_setting_check():
+    check_settings(["recipe=char_lm", "trainer.max_steps=5", "optimizer.lr=0.01", "+trainer.fast_dev_run=true"])
+
+
+# -- out-of-range hyper-parameters, one case for every registered component ---------------------------------
+def _param():
+    return [torch.nn.Parameter(torch.zeros(4, 4))]
+
+
+def _tiny_lm():
+    return KINDS["model"].build("transformer_lm", vocab_size=12, dim=16, depth=1, heads=2)
+
+
+# (kind, name) -> (positional args factory, bad keyword values, message regex); None = takes no tunable value
+BAD: dict[tuple[str, str], tuple | None] = {
+    ("optimizer", "adamw"): (lambda: [_param()], {"lr": -1.0}, r"Invalid learning rate: -1\.0"),
+    ("optimizer", "sgd"): (lambda: [_param()], {"momentum": -0.5}, r"Invalid momentum value: -0\.5"),
+    ("optimizer", "olion"): (lambda: [_param()], {"betas": (0.9, 1.5)}, r"betas=\(0\.9, 1\.5\) is invalid"),
+    ("optimizer", "muon"): (lambda: [_param()], {"lr": -1.0}, r"lr=-1\.0 is invalid: must be >= 0"),
+    ("optimizer", "ortho_momentum"): (lambda: [_param()], {"lr": -1.0}, r"lr=-1\.0 is invalid"),
+    ("optimizer", "lion"): (lambda: [_param()], {"weight_decay": -1.0}, r"weight_decay=-1\.0 is invalid"),
+    ("scheduler", "warmup_cosine"): (lambda: [torch.optim.SGD(_param(), lr=0.1)],
+                                     {"total_steps": 10, "min_lr_ratio": 2.0}, r"min_lr_ratio=2\.0 in \[0, 1\]"),
+    ("scheduler", "constant"): None,  # constant(optimizer, total_steps): nothing to tune
+    ("loss", "mask_agnostic"): (list, {"mask_id": 3, "pad_id": 0, "lam": -1.0}, r"lam=-1\.0 must be >= 0"),
+    ("loss", "ce_both"): (list, {"mask_id": 3, "pad_id": 0, "k1": 20, "k_max": 16}, r"k_max=16 must be >= k1 \+ 1"),
+    ("loss", "ce_many"): (list, {"mask_id": 3, "pad_id": 0, "k1": -1}, r"k1=-1 must be >= 0"),
+    ("model", "transformer_lm"): (list, {"vocab_size": 10, "dim": 30, "heads": 4},
+                                  r"dim=30 must be divisible by heads=4"),
+    ("module", "mdlm"): (lambda: [_tiny_lm()], {"ema_decay": 1.5}, r"ema_decay=1\.5 must be in \[0, 1\)"),
+    ("module", "causal_lm"): None,  # CausalLM(model, optimizer, scheduler): nothing to tune
+    ("data", "byte_corpus"): (list, {"seq_len": 0}, r"seq_len=0 .*must be positive"),
+    ("data", "needle"): (list, {"n_symbols": 1}, r"n_symbols=1 must be >= 2"),
+    ("data", "kv_recall"): (list, {"n_pairs": 0}, r"n_pairs=0 must be >= 1"),
+    ("callback", "checkpoint"): (list, {"every_n_train_steps": -1}, r"every_n_train_steps=-1. Must be >= 0"),
+    ("callback", "lr_monitor"): (list, {"logging_interval": "minute"}, r"logging_interval should be `step`"),
+    ("callback", "early_stopping"): (list, {"mode": "maxx"}, r"`mode` can be min, max, got maxx"),
+    ("callback", "hub_push"): (list, {"repo_id": "no spaces please"}, r"invalid Hub repo id 'no spaces please'"),
+    ("callback", "mask_sweep"): (list, {"ms": [0, 4, -1]}, r"ms=\[0, 4, -1\] must be a non-empty list of mask "
+                                                         r"counts >= 0"),
+}
+
+
+def _all_components() -> list[tuple[str, str]]:
+    return [(kind, name) for kind, reg in KINDS.items() if kind != "recipe" for name in reg.names()]
+
+
+def test_every_registered_component_has_an_out_of_range_case():
+    missing = [f"{k}/{n}" for k, n in _all_components() if (k, n) not in BAD]
+    assert missing == [], f"add a bad-value case to BAD for: {missing}"
+
+
+@pytest.mark.parametrize(("kind", "name"), [key for key, case in BAD.items() if case is not None])
+def test_out_of_range_value_is_refused_naming_the_value(kind, name):
+    args, kwargs, pattern = BAD[(kind, name)]
+    with pytest.raises((ValueError, TypeError, Exception), match=pattern) as err:
+        built = KINDS[kind].build(name, *args(), **kwargs)
+        if isinstance(built, functools.partial):  # partial kinds complete at build time in a run
+            built()
+    assert not isinstance(err.value, (AssertionError, KeyError, AttributeError)), repr(err.value)
+
+
+# -- through the real CLI: nothing is lost, one error line, exit code 2 --------------------------------------
+def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "framework.train", *args], capture_output=True, text=True,
+                          cwd=REPO, env=env, timeout=timeout)
+
+
+def test_cli_refuses_a_misspelt_key_with_one_line_and_exit_2(tmp_path):
+    proc = _cli("recipe=char_lm", "trainer.max_stpes=5", f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: Unknown setting 'trainer.max_stpes'. Did you mean 'trainer.max_steps'")
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "other_model"])
+def test_cli_refuses_a_bad_checkpoint_before_training_and_leaves_it_alone(tmp_path, damage):
+    ckpt = tmp_path / "step000004.ckpt"
+    if damage == "truncated":
+        torch.save({"state_dict": {"w": torch.zeros(1000)}}, ckpt)
+        ckpt.write_bytes(ckpt.read_bytes()[:300])
+        expected = r"error: checkpoint .*step000004\.ckpt \(300 bytes\) is truncated or corrupt"
+    else:
+        torch.save({"state_dict": {"model.tok.weight": torch.zeros(7, 3)}, "global_step": 4}, ckpt)
+        expected = (r"error: checkpoint .*step000004\.ckpt was saved from a different model: \d+ parameters missing "
+                    r"\(e\.g\. model\.\S+\); 1 unexpected \(e\.g\. model\.tok\.weight\)")
+    before = ckpt.read_bytes()
+    run_dir = tmp_path / "run"
+    proc = _cli("recipe=char_lm", *SMOKE["char_lm"], f"ckpt_path={ckpt}", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert re.search(expected, proc.stderr.strip().splitlines()[-1]), proc.stderr[-2000:]
+    assert ckpt.read_bytes() == before and not (run_dir / "checkpoints").exists()
+
+
+def test_cli_ctrl_c_writes_a_checkpoint_prints_the_resume_command_and_it_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["recipe=char_lm", *SMOKE["char_lm"], "trainer.max_steps=400", "callbacks.checkpoint.every_n_train_steps=5"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "framework.train", *args, f"hydra.run.dir={run_dir}"], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = run_dir / "checkpoints" / "step000005.ckpt"
+    deadline = time.time() + 240
+    while not first.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    saved = json.loads((run_dir / "results.json").read_text())
+    assert saved["interrupted"] is True and 5 <= saved["global_step"] < 400
+    assert f"resume with: {saved['resume']}" in err
+    assert torch.load(saved["checkpoint"], weights_only=True)["global_step"] == saved["global_step"]
+
+    resume = saved["resume"].split()[3:]  # after `python -m framework.train`
+    done = _cli(*[a for a in resume if not a.startswith("hydra.run.dir=")], "trainer.max_steps=" +
+                str(saved["global_step"] + 2), f"hydra.run.dir={tmp_path / 'resumed'}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "resumed" / "results.json").read_text())["global_step"] == saved["global_step"] + 2
