@@ -8,6 +8,7 @@ the composed config, CSV logs, checkpoints and `results.json`.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import inspect
 import json
 import math
@@ -140,10 +141,15 @@ def train(
     command = "python -m framework.train " + " ".join(shlex.quote(a) for a in sys.argv[1:] if "ckpt_path=" not in a)
     interrupt = GracefulInterrupt(resume_hint=command)
     guards = [StopOnNonFinite(), interrupt]
+    show_bar = sys.stdout.isatty() if bar is None else bool(bar)
+    if show_bar and importlib.util.find_spec("rich") is not None:  # rich's bar where `rich` is installed
+        from lightning.pytorch.callbacks import RichProgressBar
+
+        guards.append(RichProgressBar())
     run = trainer(
         callbacks=list((callbacks or {}).values()) + _hub_callbacks(hub) + guards,
         logger=loggers,
-        enable_progress_bar=sys.stdout.isatty() if bar is None else bar,
+        enable_progress_bar=show_bar,
         plugins=trainer.keywords.get("plugins") or [AtomicCheckpointIO()],  # a kill never corrupts a checkpoint
     )
 

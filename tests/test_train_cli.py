@@ -105,3 +105,11 @@ def test_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(cli, tmp
               "data.max_bytes=1800", "trainer.max_steps=12", "trainer.val_check_interval=null",
               "trainer.check_val_every_n_epoch=1", "trainer.limit_val_batches=1", "scheduler.warmup_steps=3"]
     assert_resume_is_exact(cli, common, tmp_path, resume_step=7)
+
+
+def test_progress_bar_on_request_is_rich_and_the_summary_says_where_things_are(cli, tmp_path):
+    proc = cli("recipe=char_lm", *TINY, *TINY_MODEL, "trainer.enable_progress_bar=true", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "━" in proc.stdout  # rich's bar (rich is a dev dependency; without it Lightning's tqdm bar is used)
+    assert f"results          {tmp_path}/results.json" in proc.stdout
+    assert f"last checkpoint  {tmp_path}/checkpoints/last.ckpt" in proc.stdout

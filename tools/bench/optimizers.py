@@ -130,7 +130,10 @@ def main() -> None:
     ap.add_argument("--skip-quality", action="store_true")
     ap.add_argument("--bf16", action="store_true", help="also time torch.optim.Muon and OLion with bf16 NS")
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "optimizers")
+    ap.add_argument("--quick", action="store_true", help="5 timing steps, 60 training steps per run (a smoke size)")
     args = ap.parse_args()
+    if args.quick:
+        args.steps, args.timing_steps = 60, 5
     args.out.mkdir(parents=True, exist_ok=True)
 
     times = step_times(args.timing_steps, args.threads, args.bf16)
