@@ -9,7 +9,7 @@ RUN_DIR ?= runs/demo
 DEMO_ARGS ?= recipe=mdlm_mask_agnostic data.context_len=8 data.n_symbols=8 model.depth=2 trainer.max_steps=900 \
 	module.extra_loss_after=700 scheduler.warmup_steps=100 trainer.val_check_interval=300
 
-.PHONY: install demo test test-slow bench lint clean
+.PHONY: install demo test test-slow bench bench-quick lint clean
 
 $(STAMP): pyproject.toml setup.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench/run_all.py
+
+bench-quick: $(STAMP)
+	$(BIN)/python tools/bench/run_all.py --quick --out runs/BENCHMARKS.quick.md
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
