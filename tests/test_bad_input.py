@@ -76,6 +76,10 @@ def _tiny_lm():
     return KINDS["model"].build("transformer_lm", vocab_size=12, dim=16, depth=1, heads=2)
 
 
+def _tiny_causal_lm():
+    return KINDS["model"].build("transformer_lm", vocab_size=12, dim=16, depth=1, heads=2, causal=True)
+
+
 # (kind, name) -> (positional args factory, bad keyword values, message regex); None = takes no tunable value
 BAD: dict[tuple[str, str], tuple | None] = {
     ("optimizer", "adamw"): (lambda: [_param()], {"lr": -1.0}, r"Invalid learning rate: -1\.0"),
@@ -103,6 +107,31 @@ BAD: dict[tuple[str, str], tuple | None] = {
     ("callback", "hub_push"): (list, {"repo_id": "no spaces please"}, r"invalid Hub repo id 'no spaces please'"),
     ("callback", "mask_sweep"): (list, {"ms": [0, 4, -1]}, r"ms=\[0, 4, -1\] must be a non-empty list of mask "
                                                          r"counts >= 0"),
+    ("sampler", "full"): None,  # FullPolicy(): nothing to tune
+    ("sampler", "random"): (list, {"ratio": 1.5}, r"ratio=1\.5 must lie in \(0, 1\]"),
+    ("sampler", "infobatch"): (list, {"prune_ratio": -0.1}, r"prune_ratio=-0\.1 must lie in \[0, 1\]"),
+    ("sampler", "data_agent"): (list, {"variant": "improved"}, r"variant='improved'; valid: 'faithful', 'ranked'"),
+    ("sampler", "eps_greedy"): (list, {"eps": 2.0}, r"eps=2\.0 must lie in \[0, 1\]"),
+    ("sampler", "ucb"): (list, {"c": -1.0}, r"c=-1\.0 must be >= 0"),
+    ("model", "mlp"): (list, {"input_shape": [64], "num_classes": 10, "depth": 0}, r"depth=0 and hidden=256 must"),
+    ("model", "convnet"): (list, {"input_shape": [64], "num_classes": 10}, r"ConvNet needs image inputs .*\[64\]"),
+    ("module", "classifier"): (lambda: [torch.nn.Linear(2, 2)], {"num_classes": 1}, r"num_classes=1 must be >= 2"),
+    ("data", "digits"): (list, {"label_noise": 1.5}, r"label_noise=1\.5 must lie in \[0, 1\)"),
+    ("data", "synth_classes"): (list, {"n_informative": 2}, r"n_informative=2 must be <= n_features=64 and give"),
+    ("callback", "data_selection"): (list, {"num_epochs": 0}, r"num_epochs=0 must be >= 1"),
+    # GICDM (issue 5)
+    ("metric", "gicdm"): (list, {"correction": "icmd"}, r"correction='icmd' is not one of 'none', 'icdm', 'gicdm'"),
+    ("data", "hubness_sweep"): (list, {"n": 0}, r"n=0 must be >= 16"),
+    ("module", "metric_eval"): (list, {"k": 0}, r"k=0 must be"),
+    # RLKV (issue 7)
+    ("data", "pointer_chase"): (list, {"hops": 0}, r"hops=0 must be >= 1"),
+    ("module", "rlkv"): (lambda: [_tiny_causal_lm], {"group_size": 0}, r"group_size=0 must"),
+    ("module", "duo_attention"): (lambda: [_tiny_causal_lm], {"reg_weight": -1.0}, r"reg_weight=-1\.0 must"),
+    ("module", "random_heads"): (lambda: [_tiny_causal_lm], {"sink": -1}, r"sink=-1, recent=4\) needs sink >= 0"),
+    # MoE growth (issue 8)
+    ("model", "moe_transformer"): (list, {"vocab_size": 10, "dim": 32, "heads": 2, "num_experts": 4, "top_k": 5},
+                                   r"top_k=5 must be between 1 and num_experts=4"),
+    ("callback", "orthogonal_growth"): (list, {"depth_factor": 0}, r"depth_factor=0 must be an integer >= 1"),
 }
 
 

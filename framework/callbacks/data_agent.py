@@ -1,0 +1,329 @@
+"""`DataSelection`: dynamic data selection (Data Agent, InfoBatch, random, ...) in any Lightning fit.
+
+Add it to the Trainer's callbacks with a policy; the LightningModule's `training_step` returns a dict with
+`loss` (already weighted by `batch["weight"]`), the per-sample `losses`, and for the Data Agent `logits` and
+penultimate `features`; batches are dicts with an `index` key (wrap a dataset in `IndexedDataset`). The
+callback then
+- installs a `SelectionSampler` in the training DataLoader (rebuilt every epoch, so pruned epochs really are
+  shorter and annealing to full data happens; Lightning's own distributed sampler is switched off),
+- puts each sample's loss weight into `batch["weight"]` before `training_step`,
+- all-gathers the step's scores across ranks (one collective) so every rank keeps the same table,
+- steps the Data Agent's own optimisers outside Lightning's,
+- logs the cost actually spent (`selection/cost`: sample passes relative to full data) every epoch,
+- checkpoints table, selection, agent and position in the epoch for exact mid-epoch resume.
+A learning-rate schedule must be told `planned_steps(trainer)` (`estimated_stepping_batches` assumes every
+epoch is as long as the first).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from framework.samplers.policies import FullPolicy, SelectionPolicy
+from framework.samplers.selection import SelectionSampler, epochs_for_steps, planned_batches
+from framework.samplers.table import ScoreTable
+
+OUTPUT_KEYS = {"targets": "y"}  # a step output that may also be read from the batch under another name
+
+
+class DataSelection(L.Callback):
+    """Runs `policy` (default: full data) over a Lightning fit; `num_epochs` (default: the trainer's
+    max_epochs, else the epochs max_steps needs) fixes the annealing epoch ⌊δE⌋; `seed` the selections.
+
+    `align_schedule`: when an epoch trains fewer batches than planned (InfoBatch's kept count is random, so
+    its plan is the full-data bound), step-interval LR schedulers are advanced by the difference at the
+    epoch's end, so the schedule tracks epochs and still ends on time (and OneCycleLR never over-runs).
+    """
+
+    def __init__(self, policy: SelectionPolicy | None = None, num_epochs: int | None = None, seed: int | None = None,
+                 align_schedule: bool = True):
+        if num_epochs is not None and num_epochs < 1:
+            raise ValueError(f"num_epochs={num_epochs} must be >= 1 (or None: the trainer's max_epochs)")
+        self.policy = policy or FullPolicy()
+        self.num_epochs, self.seed, self.align_schedule = num_epochs, seed, align_schedule
+        self.table: ScoreTable | None = None
+        self.sampler: SelectionSampler | None = None
+        self.n = self.batch_size = 0
+        self.world_size = 1
+        self._reset_counters()
+        self._resume: tuple[int, int] | None = None  # (epoch, batches already trained in it)
+        self._pending: dict[str, Any] | None = None  # a checkpoint's state that arrived before setup
+        self._owner: Any = None
+
+    def _reset_counters(self) -> None:
+        self.open_epoch: int | None = None  # the epoch with trained batches whose end-of-epoch work is pending
+        self.batches_done = self.epoch_samples = 0
+        self.samples_seen = 0
+        self.history: list[dict[str, float]] = []  # one row per finished epoch
+        self.overhead_s = 0.0
+
+    # -- installation ---------------------------------------------------------------------------------------
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        trainer.reload_dataloaders_every_n_epochs = 1  # epoch length changes: Lightning must re-measure it
+        connector = trainer._accelerator_connector
+        if trainer.world_size > 1 and connector.use_distributed_sampler:
+            rank_zero_warn("DataSelection shards the data itself; turning off Trainer(use_distributed_sampler)")
+            connector.use_distributed_sampler = False  # its wrapper would fix the epoch length at the first one
+        owner = trainer.datamodule if trainer.datamodule is not None else pl_module
+        if owner is pl_module and not is_overridden("train_dataloader", pl_module):
+            raise TypeError("DataSelection rebuilds the training DataLoader every epoch, so it needs one from a "
+                            "LightningDataModule or LightningModule `train_dataloader()`, not "
+                            "`trainer.fit(train_dataloaders=...)`")
+        self._reset_counters()
+        self._resume = None
+        original = getattr(owner, "train_dataloader", None)
+        original = getattr(original, "__wrapped__", original)  # a second fit with the same callback
+        base = original() if callable(original) else None
+        if not isinstance(base, DataLoader) or base.batch_size is None:
+            raise TypeError(
+                "DataSelection needs the training data as a DataLoader with a batch_size returned by a "
+                f"LightningDataModule or LightningModule `train_dataloader()`; got {type(base).__name__}"
+            )
+        self.n, self.batch_size, self.world_size = len(base.dataset), int(base.batch_size), trainer.world_size
+        seed = self.seed if self.seed is not None else int(getattr(owner, "seed", 0) or 0)
+        if hasattr(self.policy, "seed") and self.policy.seed is None:
+            self.policy.seed = seed
+        epochs = self._epochs(trainer)
+        self.table = ScoreTable(self.n, self.policy.initial_score)
+        self.sampler = SelectionSampler(
+            self.table, self.policy, epochs, seed=seed, rank=trainer.global_rank, world_size=trainer.world_size
+        )
+
+        def train_dataloader() -> DataLoader:
+            return self._loader(trainer, pl_module, base)
+
+        train_dataloader.__wrapped__ = original  # type: ignore[attr-defined]
+        owner.train_dataloader = train_dataloader
+        self._owner = owner
+        if self._pending is not None:
+            self._apply_state(self._pending)
+            self._pending = None
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and self._owner is not None and "train_dataloader" in vars(self._owner):
+            del self._owner.train_dataloader  # the owner's own method again
+            self._owner = None
+
+    def _epochs(self, trainer: L.Trainer) -> int:
+        if self.num_epochs:
+            return int(self.num_epochs)
+        if trainer.max_epochs not in (None, -1):
+            return int(trainer.max_epochs)
+        if trainer.max_steps not in (None, -1):
+            batches = trainer.max_steps * trainer.accumulate_grad_batches
+            return epochs_for_steps(self.policy, self.n, batches, self.batch_size, trainer.world_size)
+        raise ValueError("DataSelection needs the run's length to place the annealing epoch: set num_epochs, "
+                         f"trainer max_epochs or max_steps (got max_epochs={trainer.max_epochs}, "
+                         f"max_steps={trainer.max_steps})")
+
+    def _loader(self, trainer: L.Trainer, pl_module: L.LightningModule, base: DataLoader) -> DataLoader:
+        """The loader for the epoch about to start: finish the previous epoch if its end hook never ran
+        (a run resumed from its last batch), select, and skip what a resumed run already trained on."""
+        assert self.sampler is not None
+        epoch = trainer.current_epoch
+        if self.open_epoch is not None and self.open_epoch < epoch:
+            self._finish_epoch(trainer, pl_module, self.open_epoch)
+        self.sampler.set_epoch(epoch)  # Lightning measures len() before it calls set_epoch itself
+        if self._resume is not None and self._resume[0] == epoch:
+            self.sampler.skip_samples(self._resume[1] * self.batch_size)
+        self._resume = None
+        return DataLoader(
+            base.dataset, batch_size=self.batch_size, sampler=self.sampler, drop_last=False,
+            num_workers=base.num_workers, collate_fn=base.collate_fn, pin_memory=base.pin_memory,
+            worker_init_fn=base.worker_init_fn, timeout=base.timeout,
+        )
+
+    def planned_steps(self, trainer: L.Trainer) -> int:
+        """Optimizer steps the whole run will take under the selection schedule (min with max_steps)."""
+        if self.sampler is None:
+            raise RuntimeError("planned_steps() is known once the callback is set up (from configure_optimizers)")
+        per_epoch = planned_batches(self.policy, self.n, self.sampler.num_epochs, self.batch_size, self.world_size)
+        steps = sum(math.ceil(b / trainer.accumulate_grad_batches) for b in per_epoch)
+        return min(steps, trainer.max_steps) if trainer.max_steps not in (None, -1) else steps
+
+    # -- per step ---------------------------------------------------------------------------------------------
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        start = time.perf_counter()
+        if not isinstance(batch, dict) or "index" not in batch:
+            raise TypeError("DataSelection needs dict batches with an 'index' key (wrap the dataset in "
+                            f"framework.samplers.IndexedDataset); got {type(batch).__name__}")
+        assert self.sampler is not None
+        batch["weight"] = self.sampler.batch_weights(batch["index"]).to(pl_module.device)
+        self.overhead_s += time.perf_counter() - start
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        start = time.perf_counter()
+        assert self.table is not None
+        epoch = trainer.current_epoch
+        count = len(batch["index"]) * trainer.world_size
+        if self.policy.needs != ("index",):  # full and random data need no feedback
+            step = self._gather(self._step(outputs, batch), pl_module, trainer.world_size)
+            count = step["index"].numel()
+            info = self.policy.observe(step, self.table, epoch)
+            for key in ("action_mean", "w"):
+                if key in info:
+                    pl_module.log(f"selection/{key}", info[key], on_step=False, on_epoch=True, sync_dist=True)
+        self.open_epoch = epoch
+        self.batches_done += 1
+        self.epoch_samples += count
+        self.samples_seen += count
+        self.overhead_s += time.perf_counter() - start
+
+    def _step(self, outputs: Any, batch: dict[str, Any]) -> dict[str, Tensor]:
+        if not isinstance(outputs, dict):
+            raise TypeError("with DataSelection, training_step must return a dict with 'loss' and per-sample "
+                            f"outputs {list(self.policy.needs)}; got {type(outputs).__name__}")
+        step = {}
+        for key in self.policy.needs:
+            value = outputs.get(key)
+            if value is None:
+                value = batch.get(key, batch.get(OUTPUT_KEYS.get(key, key)))
+            if value is None:
+                raise KeyError(f"{type(self.policy).__name__} needs {key!r} from training_step's output dict "
+                               f"(or the batch); it returned {sorted(outputs)}")
+            step[key] = torch.as_tensor(value).detach()
+        return step
+
+    @staticmethod
+    def _gather(step: dict[str, Tensor], pl_module: L.LightningModule, world_size: int) -> dict[str, Tensor]:
+        """All-gather every field in one collective (packed as float64, exact for indices and labels)."""
+        if world_size == 1:
+            return step
+        b = step["index"].shape[0]
+        cols = [v.reshape(b, -1).to(torch.float64) for v in step.values()]
+        packed = pl_module.all_gather(torch.cat(cols, 1).to(pl_module.device)).flatten(0, 1)
+        out, at = {}, 0
+        for (key, value), col in zip(step.items(), cols, strict=True):
+            width = col.shape[1]
+            part = packed[:, at : at + width].reshape(-1, *value.shape[1:])
+            out[key] = part.long() if key in ("index", "targets") else part.to(value.dtype)
+            at += width
+        return out
+
+    # -- per epoch --------------------------------------------------------------------------------------------
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.open_epoch is None:
+            return
+        row = self._finish_epoch(trainer, pl_module, self.open_epoch)
+        for key in ("cost", "epoch_fraction"):
+            pl_module.log(f"selection/{key}", row[key], on_step=False, on_epoch=True, sync_dist=True)
+
+    def _finish_epoch(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> dict[str, float]:
+        start = time.perf_counter()
+        assert self.sampler is not None
+        info = self.policy.end_epoch(epoch, self.sampler.num_epochs)
+        if self.align_schedule:
+            self._advance_schedulers(trainer, epoch)
+        if trainer.world_size > 1 and self.policy.state_dict():  # remove any numerical drift between replicas
+            self.policy.load_state_dict(trainer.strategy.broadcast(self.policy.state_dict(), src=0))
+        row = {"epoch": epoch, "samples": self.epoch_samples, "batches": self.batches_done,
+               "progress": self._progress(), "pruning": float(self.sampler.pruning),
+               "epoch_fraction": self.epoch_samples / self.n, **info}
+        self.history.append(row)
+        self.open_epoch, self.batches_done, self.epoch_samples = None, 0, 0
+        row["cost"] = self.cost()
+        self.overhead_s += time.perf_counter() - start
+        return row
+
+    def _advance_schedulers(self, trainer: L.Trainer, epoch: int) -> None:
+        """Step the step-interval schedulers over the batches this epoch was planned to have but did not."""
+        assert self.sampler is not None
+        if epoch >= self.sampler.num_epochs or self.batches_done < math.ceil(len(self.sampler) / self.batch_size):
+            return  # past the plan, or an epoch cut short by max_steps: nothing to align
+        planned = planned_batches(self.policy, self.n, self.sampler.num_epochs, self.batch_size, self.world_size)
+        acc = trainer.accumulate_grad_batches
+        missing = math.ceil(planned[epoch] / acc) - math.ceil(self.batches_done / acc)
+        for config in trainer.lr_scheduler_configs if missing > 0 else []:
+            if config.interval == "step":
+                for _ in range(missing):
+                    config.scheduler.step()
+
+    def _progress(self) -> float:
+        """The fraction of this rank's current shard trained so far (1.0 for a finished epoch)."""
+        assert self.sampler is not None
+        return min(1.0, self.batches_done * self.batch_size / max(1, len(self.sampler)))
+
+    def cost(self) -> float:
+        """Sample passes so far relative to full data over the same training progress in epochs (padding
+        included): a run stopped a tenth into a half-data epoch has spent half of a tenth of an epoch."""
+        epochs = sum(row["progress"] for row in self.history)
+        if self.open_epoch is not None and self.sampler is not None:
+            epochs += self._progress()
+        return self.samples_seen / (self.n * epochs) if epochs else 0.0
+
+    def results(self) -> dict[str, float]:
+        """What `framework.train` merges into results.json."""
+        if self.table is None:
+            return {}
+        return {"selection/cost": self.cost(), "selection/samples_seen": float(self.samples_seen),
+                "selection/epochs": float(len(self.history)), "selection/overhead_s": self.overhead_s}
+
+    # -- checkpoint -------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        if self.table is None or self.sampler is None:
+            return {}
+        return {
+            "n": self.n, "table": self.table.state_dict(), "sampler": self.sampler.state_dict(),
+            "policy": self.policy.state_dict(), "open_epoch": self.open_epoch, "batches_done": self.batches_done,
+            "epoch_samples": self.epoch_samples, "samples_seen": self.samples_seen,
+            "history": [dict(r) for r in self.history],  # (not overhead_s: a wall-clock time is not state)
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:
+            return
+        if self.table is None:
+            self._pending = state
+        else:
+            self._apply_state(state)
+
+    def _apply_state(self, state: dict[str, Any]) -> None:
+        assert self.table is not None and self.sampler is not None
+        if int(state["n"]) != self.n:
+            raise ValueError(f"checkpoint selected from {state['n']} training samples, this run has {self.n}")
+        self.table.load_state_dict(state["table"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.policy.load_state_dict(state["policy"])
+        self.open_epoch, self.batches_done = state["open_epoch"], int(state["batches_done"])
+        self.epoch_samples, self.samples_seen = int(state["epoch_samples"]), int(state["samples_seen"])
+        self.history = [dict(r) for r in state["history"]]
+        if self.open_epoch is not None:
+            self._resume = (int(self.open_epoch), self.batches_done)
+
+
+def with_selection(
+    callbacks: dict[str, L.Callback] | None, policy: SelectionPolicy, seed: int | None = None
+) -> dict[str, L.Callback]:
+    """Hand `policy` to the DataSelection among `callbacks`, adding one (key 'data_selection') if none is there."""
+    callbacks = dict(callbacks or {})
+    found = [cb for cb in callbacks.values() if isinstance(cb, DataSelection)]
+    if found:
+        found[0].policy = policy
+        if found[0].seed is None:
+            found[0].seed = seed
+    else:
+        callbacks["data_selection"] = DataSelection(policy, seed=seed)
+    return callbacks
+
+
+def stepping_batches(trainer: L.Trainer) -> int | float:
+    """Total optimizer steps for an LR schedule: a DataSelection's plan if one is attached, else Lightning's."""
+    for cb in trainer.callbacks:
+        if isinstance(cb, DataSelection) and cb.sampler is not None:
+            return cb.planned_steps(trainer)
+    return trainer.estimated_stepping_batches

@@ -1,0 +1,36 @@
+"""The selection recipes through the real CLI: a Hydra sweep over samplers reports each one's actual cost."""
+
+import json
+
+import pytest
+import torch
+from helpers import assert_resume_is_exact
+
+from framework.recipe import SMOKE
+
+
+def test_sampler_sweep_runs_each_policy_and_reports_the_cost_it_spent(cli, tmp_path):
+    proc = cli("-m", "recipe=selection_compare", "sampler=full,data_agent", *SMOKE["selection_compare"],
+               "validate_before_fit=false", "test=false", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = [json.loads((tmp_path / str(i) / "results.json").read_text()) for i in range(2)]
+    by_sampler = {r["choices"]["sampler"]: r for r in runs}
+    assert set(by_sampler) == {"full", "data_agent"}
+    assert all(r["global_step"] == 4 for r in runs)
+    # four steps into the first epoch: full data has spent full cost, the agent's half-data epoch half of it
+    assert by_sampler["full"]["metrics"]["selection/cost"] == 1.0
+    assert by_sampler["data_agent"]["metrics"]["selection/cost"] == 0.5
+    assert 0 < by_sampler["data_agent"]["metrics"]["selection/action_mean"] < 1
+
+
+@pytest.mark.slow
+def test_cli_run_resumed_mid_epoch_ends_bitwise_equal_including_the_agent(cli, tmp_path):
+    # digits at batch 128: pruned epochs of 5 batches, then a full one of 10; step 7 is inside epoch 1
+    args = ["recipe=data_agent_digits", "threads=1", "trainer.enable_progress_bar=false", "model.hidden=32",
+            "data.batch_size=128", "trainer.max_epochs=3", "validate_before_fit=false", "test=false"]
+    full = assert_resume_is_exact(cli, args, tmp_path, resume_step=7)
+    states = [torch.load(d / "checkpoints" / "last.ckpt", weights_only=True)["callbacks"]["DataSelection"]
+              for d in (full, tmp_path / "resumed")]
+    a, b = (s["policy"]["agent"] for s in states)
+    assert all(torch.equal(a[net][k], b[net][k]) for net in ("actor", "critic") for k in a[net])
+    assert torch.equal(states[0]["table"]["scores"], states[1]["table"]["scores"])
