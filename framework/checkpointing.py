@@ -70,6 +70,11 @@ def load_checkpoint_file(path: str | Path) -> dict[str, Any]:
 def check_checkpoint(path: str | Path, module: torch.nn.Module) -> dict[str, Any]:
     """Raise `CheckpointError` unless `path` is readable and holds the same parameter names and shapes as `module`."""
     ckpt = load_checkpoint_file(path)
+    growth = ckpt.get("orthogonal_growth")
+    if isinstance(growth, dict) and growth.get("done"):  # grown mid-run: OrthogonalGrowth rebuilds this shape on load
+        from framework.callbacks.growth import replay_on_copy
+
+        module = replay_on_copy(module, growth)
     saved = {k: tuple(v.shape) for k, v in ckpt["state_dict"].items() if hasattr(v, "shape")}
     own = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     missing = sorted(set(own) - set(saved))

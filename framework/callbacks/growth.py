@@ -1,0 +1,334 @@
+"""`OrthogonalGrowth`: grow a model's depth and MoE width during training (arXiv 2510.08008, spec §2.1–2.4).
+
+At a step (or epoch) boundary it grows the LightningModule's model in place (framework.grow), rebuilds the
+optimizer through the module's own `configure_optimizers` (any optimizer, OLion included) with its state reset
+or duplicated onto the copies, continues the LR schedule from the global step, and records the grown
+architecture in every later checkpoint, so resuming from one rebuilds the grown model before the weights load.
+Works in any Lightning project whose module has `.model` (`model_attr`) with a layer `nn.ModuleList`
+(`layers_attr`) and duck-typed MoE layers (`router`, `experts`, `num_experts`, `top_k`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.utilities.optimizer import _optimizers_to_device
+from lightning.pytorch.utilities import rank_zero_only
+from torch import nn
+
+from framework.grow.ops import (
+    DEFAULT_ZERO_PATTERNS,
+    DEPTH_METHODS,
+    Growth,
+    count_params,
+    find_moe_layers,
+    grow,
+    norm_profile,
+    transfer_optimizer_state,
+)
+
+OPTIMIZER_STATES = ("reset", "duplicate")
+CHECKPOINT_KEY = "orthogonal_growth"
+_APPLIED = "_orthogonal_growth_applied"  # set on the LightningModule: how many growth events its model has had
+_EVENT_KEYS = ("at_step", "at_epoch", "depth_factor", "depth_method", "ignore_first", "ignore_last",
+               "zero_init_copies", "width_factor", "noise_alpha", "seed")
+_STRUCTURE_KEYS = ("depth_factor", "depth_method", "ignore_first", "ignore_last", "width_factor")
+
+
+class OrthogonalGrowth(L.Callback):
+    """Grow once at `at_step` optimizer steps (before step at_step+1) or at the start of epoch `at_epoch`.
+
+    `schedule=[{...}, ...]` gives several growth events; each dict overrides the top-level values (e.g. depth at
+    step 100, then width at step 200). `optimizer_state`: `reset` (paper: fresh optimizer) or `duplicate` (every
+    copy gets its source's state; originals keep theirs). `measure_batches>0` also evaluates the module's
+    `loss(batch)` on that many validation batches before and after growing (the current training batch is
+    always measured). A per-layer norm profile PNG and `growth.json` go to the trainer's root dir.
+    """
+
+    def __init__(
+        self,
+        at_step: int | None = None,
+        at_epoch: int | None = None,
+        depth_factor: int = 1,
+        depth_method: str = "interposition",
+        ignore_first: int = 0,
+        ignore_last: int = 0,
+        zero_init_copies: bool = False,
+        width_factor: int = 1,
+        noise_alpha: float = 0.01,
+        optimizer_state: str = "reset",
+        seed: int = 0,
+        schedule: Sequence[dict[str, Any]] | None = None,
+        model_attr: str = "model",
+        layers_attr: str = "blocks",
+        zero_patterns: Sequence[str] = DEFAULT_ZERO_PATTERNS,
+        measure_batches: int = 0,
+        norm_part: str = "experts",
+        plot: bool = True,
+    ):
+        super().__init__()
+        if optimizer_state not in OPTIMIZER_STATES:
+            raise ValueError(f"optimizer_state={optimizer_state!r} is invalid; valid: {', '.join(OPTIMIZER_STATES)}")
+        base = dict(at_step=at_step, at_epoch=at_epoch, depth_factor=depth_factor, depth_method=depth_method,
+                    ignore_first=ignore_first, ignore_last=ignore_last, zero_init_copies=zero_init_copies,
+                    width_factor=width_factor, noise_alpha=noise_alpha, seed=seed)
+        items = list(schedule) if schedule else [{}]
+        self.events: list[dict[str, Any]] = []
+        for i, item in enumerate(items):
+            unknown = sorted(set(item) - set(_EVENT_KEYS))
+            if unknown:
+                raise ValueError(f"schedule[{i}] has unknown keys {unknown}; valid: {', '.join(_EVENT_KEYS)}")
+            if schedule and ("at_step" in item or "at_epoch" in item):
+                event = {**base, "at_step": None, "at_epoch": None, **item}
+            else:
+                event = {**base, **item}
+            event["seed"] = int(event["seed"]) + (i if "seed" not in item else 0)
+            self.events.append(_check_event(event, i))
+        for key in ("at_step", "at_epoch"):
+            times = [e[key] for e in self.events if e[key] is not None]
+            if times != sorted(times):
+                raise ValueError(f"schedule {key} values {times} must be in growth order (non-decreasing)")
+        self.optimizer_state, self.model_attr, self.layers_attr = optimizer_state, model_attr, layers_attr
+        self.zero_patterns, self.measure_batches = tuple(zero_patterns), int(measure_batches)
+        self.norm_part, self.plot = norm_part, bool(plot)
+        self.done: list[dict[str, Any]] = []  # one record per growth applied to the current model
+
+    # -- the model ---------------------------------------------------------------------------------------------
+    def model_of(self, pl_module: L.LightningModule) -> nn.Module:
+        """The grown module: `pl_module.<model_attr>` (or the LightningModule itself when model_attr is '')."""
+        model = getattr(pl_module, self.model_attr) if self.model_attr else pl_module
+        layers = getattr(model, self.layers_attr, None)
+        if not isinstance(layers, nn.ModuleList):
+            raise ValueError(f"OrthogonalGrowth needs {self.model_attr or 'the module'}.{self.layers_attr} to be an"
+                             f" nn.ModuleList of layers, got {type(layers).__name__}; set model_attr/layers_attr")
+        return model
+
+    def _apply(self, model: nn.Module, event: dict[str, Any], structure_only: bool = False) -> Growth:
+        return grow(model, depth_factor=event["depth_factor"], depth_method=event["depth_method"],
+                    ignore_first=event["ignore_first"], ignore_last=event["ignore_last"],
+                    zero_init_copies=event["zero_init_copies"] and not structure_only,
+                    width_factor=event["width_factor"],
+                    noise_alpha=0.0 if structure_only else event["noise_alpha"], seed=event["seed"],
+                    layers_attr=self.layers_attr, zero_patterns=self.zero_patterns)
+
+    # -- Lightning hooks ---------------------------------------------------------------------------------------
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.model_of(pl_module)  # fail before training on a module without layers
+        name = type(trainer.strategy).__name__
+        if "FSDP" in name or "DeepSpeed" in name or "ModelParallel" in name:
+            raise NotImplementedError(f"OrthogonalGrowth grows unsharded models (single device or DDP), not under"
+                                      f" {name}; grow offline with `python -m framework.grow` and resume from it")
+        if not hasattr(pl_module, _APPLIED):  # a model this callback has not grown yet: nothing is done to it
+            object.__setattr__(pl_module, _APPLIED, 0)
+            self.done = []
+        if getattr(pl_module, "_orthogonal_growth_replay", None) is not self:
+            original = pl_module.on_load_checkpoint
+
+            def on_load_checkpoint(checkpoint: dict[str, Any]) -> None:
+                self.replay(pl_module, checkpoint)
+                original(checkpoint)
+
+            # Lightning looks hooks up by name on the instance: this runs before the weights are loaded
+            object.__setattr__(pl_module, "on_load_checkpoint", on_load_checkpoint)
+            object.__setattr__(pl_module, "_orthogonal_growth_replay", self)
+
+    def replay(self, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Apply (structurally) the growth a checkpoint records but the current model lacks."""
+        recorded = (checkpoint.get(CHECKPOINT_KEY) or {}).get("done", [])
+        applied = getattr(pl_module, _APPLIED, 0)
+        if len(recorded) < applied:
+            raise RuntimeError(f"the checkpoint records {len(recorded)} growth event(s) but the model has already"
+                               f" grown {applied} time(s); load it into a freshly built (ungrown) model")
+        model = self.model_of(pl_module)
+        for record in recorded[applied:]:
+            self._apply(model, record, structure_only=True)
+        object.__setattr__(pl_module, _APPLIED, len(recorded))
+        self.done = copy.deepcopy(list(recorded))
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if batch_idx % max(1, trainer.accumulate_grad_batches):  # never between accumulated micro-batches
+            return
+        for index, event in enumerate(self.events):
+            if index < len(self.done):
+                continue
+            due = (event["at_step"] is not None and trainer.global_step >= event["at_step"]) or (
+                event["at_epoch"] is not None and trainer.current_epoch >= event["at_epoch"])
+            if not due:
+                return
+            self._grow(trainer, pl_module, event, batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"done": copy.deepcopy(self.done)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.done = copy.deepcopy(list(state_dict.get("done", [])))
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        model = self.model_of(pl_module)
+        checkpoint[CHECKPOINT_KEY] = {"done": copy.deepcopy(self.done), "model_attr": self.model_attr,
+                                      "layers_attr": self.layers_attr,
+                                      "config": dict(getattr(model, "init_config", {}) or {})}
+
+    def results(self) -> dict[str, float]:
+        """Numbers for results.json: the first growth as `growth/...`, later ones as `growth/<n>/...`."""
+        out: dict[str, float] = {}
+        for i, record in enumerate(self.done):
+            prefix = "growth/" if i == 0 else f"growth/{i + 1}/"
+            out.update({prefix + k: float(v) for k, v in record.get("measured", {}).items()})
+        return out
+
+    # -- growing -----------------------------------------------------------------------------------------------
+    def _grow(self, trainer: L.Trainer, pl_module: L.LightningModule, event: dict[str, Any], batch: Any) -> None:
+        model = self.model_of(pl_module)
+        layers = lambda: getattr(model, self.layers_attr)  # noqa: E731 (the list is replaced by depth growth)
+        before = self._measure(trainer, pl_module, batch)
+        profile_before = self._profile(layers())
+        counts_before, layers_before = count_params(model), len(layers())
+        growth = self._apply(model, event)
+        self._rebuild_optimizers(trainer, growth)
+        after = self._measure(trainer, pl_module, batch)
+        counts_after = count_params(model)
+        measured = {"step": trainer.global_step, "layers_before": layers_before,
+                    "layers_after": len(layers()), "params_before": counts_before["total"],
+                    "params_after": counts_after["total"], "active_before": counts_before["active"],
+                    "active_after": counts_after["active"]}
+        measured.update({f"{k}_before": v for k, v in before.items()})
+        measured.update({f"{k}_after": v for k, v in after.items()})
+        moes = find_moe_layers(model)
+        if moes:
+            measured.update(num_experts=moes[0].num_experts, top_k=moes[0].top_k)
+        record = {**event, "global_step": trainer.global_step, "epoch": trainer.current_epoch,
+                  "measured": {k: v for k, v in measured.items() if v is not None},
+                  "norm_profile_before": profile_before, "norm_profile_after": self._profile(layers())}
+        self.done.append(record)
+        object.__setattr__(pl_module, _APPLIED, getattr(pl_module, _APPLIED, 0) + 1)
+        for logger in trainer.loggers:
+            logger.log_metrics({f"growth/{k}": v for k, v in record["measured"].items() if k != "step"},
+                               step=trainer.global_step)
+        self._write(trainer)
+
+    def _profile(self, layers: nn.ModuleList) -> list[float] | None:
+        try:
+            return norm_profile(layers, self.norm_part)
+        except ValueError:  # e.g. a dense model has no expert matrices
+            return None
+
+    @torch.no_grad()
+    def _measure(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any) -> dict[str, float]:
+        """The module's `loss` on the current training batch (and on validation batches), without touching RNG."""
+        loss_fn = getattr(pl_module, "loss", None)
+        if not callable(loss_fn):
+            return {}
+        out: dict[str, float] = {}
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            with torch.random.fork_rng(devices=[]):
+                out["loss"] = float(loss_fn(batch))
+                datamodule = getattr(trainer, "datamodule", None)
+                if self.measure_batches and datamodule is not None:
+                    values = []
+                    for i, val in enumerate(datamodule.val_dataloader()):
+                        if i >= self.measure_batches:
+                            break
+                        values.append(float(loss_fn(trainer.strategy.batch_to_device(val))))
+                    if values:
+                        out["val_loss"] = sum(values) / len(values)
+        finally:
+            pl_module.train(was_training)
+        return {k: v for k, v in out.items() if math.isfinite(v)}
+
+    def _rebuild_optimizers(self, trainer: L.Trainer, growth: Growth) -> None:
+        """New optimizers over the grown parameters (module's own factory), state policy, schedule continued."""
+        strategy = trainer.strategy
+        if trainer.state.fn != "fit" or not strategy.optimizers:
+            return
+        old_optimizers, old_schedulers = list(strategy.optimizers), list(strategy.lr_scheduler_configs)
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(strategy.model, DistributedDataParallel):  # DDP registered the old parameters: wrap anew
+            strategy.model = strategy.lightning_module
+            strategy.configure_ddp()
+        strategy.setup_optimizers(trainer)
+        _optimizers_to_device(strategy.optimizers, strategy.root_device)
+        if self.optimizer_state == "duplicate":
+            for old, new in zip(old_optimizers, strategy.optimizers, strict=True):
+                transfer_optimizer_state(old, new, growth.param_map)
+        for old_cfg, new_cfg in zip(old_schedulers, strategy.lr_scheduler_configs, strict=True):
+            _continue_schedule(old_cfg.scheduler, new_cfg.scheduler)
+
+    @rank_zero_only
+    def _write(self, trainer: L.Trainer) -> None:
+        root = Path(trainer.default_root_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "growth.json").write_text(json.dumps(self.done, indent=2))
+        record = self.done[-1]
+        if self.plot and record["norm_profile_before"] and record["norm_profile_after"]:
+            from framework.grow.report import plot_norm_profiles
+
+            suffix = "" if len(self.done) == 1 else f"_{len(self.done)}"
+            plot_norm_profiles({f"before (step {record['global_step']})": record["norm_profile_before"],
+                                f"after {record['depth_method'] if record['depth_factor'] > 1 else 'width'} growth":
+                                record["norm_profile_after"]}, root / f"growth_norm_profile{suffix}.png")
+
+
+def replay_on_copy(pl_module: nn.Module, record: dict[str, Any]) -> nn.Module:
+    """A meta-device copy of `pl_module` with the growth a checkpoint records applied: the module the checkpoint's
+    weights will load into (shapes only, no memory; used to check a checkpoint before training resumes)."""
+    tensors = [*pl_module.parameters(), *pl_module.buffers()]
+    memo: dict[int, Any] = {id(t): nn.Parameter(torch.empty_like(t, device="meta"), requires_grad=t.requires_grad)
+                            if isinstance(t, nn.Parameter) else torch.empty_like(t, device="meta") for t in tensors}
+    clone = copy.deepcopy(pl_module, memo)
+    model_attr = record.get("model_attr", "model")
+    model = getattr(clone, model_attr) if model_attr else clone
+    for event in record.get("done", []):
+        grow(model, depth_factor=event["depth_factor"], depth_method=event["depth_method"],
+             ignore_first=event["ignore_first"], ignore_last=event["ignore_last"], width_factor=event["width_factor"],
+             noise_alpha=0.0, layers_attr=record.get("layers_attr", "blocks"))
+    return clone
+
+
+def _continue_schedule(old: Any, new: Any) -> None:
+    """Make `new` (built at step 0 over the new optimizer) continue where `old` was, then apply its lrs."""
+    optimizer = new.optimizer
+    if len(getattr(old, "base_lrs", [])) == len(optimizer.param_groups):
+        new.load_state_dict(old.state_dict())
+        lrs = new.get_last_lr() if hasattr(new, "get_last_lr") else [g["lr"] for g in old.optimizer.param_groups]
+        for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        return
+    import warnings
+
+    with warnings.catch_warnings():  # stepping without optimizer.step() is what fast-forwarding is
+        warnings.simplefilter("ignore")
+        for _ in range(int(getattr(old, "last_epoch", 0))):
+            new.step()
+
+
+def _check_event(event: dict[str, Any], index: int) -> dict[str, Any]:
+    where = f"schedule[{index}]: " if index else ""
+    if (event["at_step"] is None) == (event["at_epoch"] is None):
+        raise ValueError(f"{where}set exactly one of at_step or at_epoch (got at_step={event['at_step']},"
+                         f" at_epoch={event['at_epoch']})")
+    for key in ("at_step", "at_epoch"):
+        if event[key] is not None and (isinstance(event[key], bool) or int(event[key]) < 0):
+            raise ValueError(f"{where}{key}={event[key]!r} must be an integer >= 0")
+    for key in ("depth_factor", "width_factor"):
+        if isinstance(event[key], bool) or not isinstance(event[key], int) or event[key] < 1:
+            raise ValueError(f"{where}{key}={event[key]!r} must be an integer >= 1")
+    if event["depth_method"] not in DEPTH_METHODS:
+        raise ValueError(f"{where}depth_method={event['depth_method']!r} is invalid; valid: {', '.join(DEPTH_METHODS)}")
+    if event["ignore_first"] < 0 or event["ignore_last"] < 0:
+        raise ValueError(f"{where}ignore_first={event['ignore_first']}, ignore_last={event['ignore_last']}"
+                         " must be >= 0")
+    if not event["noise_alpha"] >= 0:
+        raise ValueError(f"{where}noise_alpha={event['noise_alpha']!r} must be >= 0")
+    return {k: event[k] for k in _EVENT_KEYS}

@@ -1,0 +1,124 @@
+"""`python -m framework.grow SOURCE --depth 2 --width 2 --out DIR`: grow a trained checkpoint offline.
+
+SOURCE is a `framework.train` run dir, a Lightning `.ckpt` inside one, an earlier `--out` dir, or a Hub repo id.
+DIR receives `model.safetensors` + `config.json` (the Hub layout, with the grown constructor values) and
+`model_config.json` + `checkpoints/last.ckpt` (the run-dir layout), so it can be pushed with
+`python -m framework.hub push DIR REPO`, loaded back with `from_pretrained(REPO)`, used as `init_from=DIR`, or
+grown again. `growth.json` records what was done (parameter counts, norm profiles before and after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from framework.grow.ops import DEPTH_METHODS, count_params, grow, norm_profile
+
+SPEC_NAME, CKPT_PATH, RECORD_KEY = "model_config.json", Path("checkpoints") / "last.ckpt", "orthogonal_growth"
+
+
+def _spec_near(ckpt: Path) -> dict[str, Any]:
+    for folder in (ckpt.parent, ckpt.parent.parent):
+        if (folder / SPEC_NAME).is_file():
+            return json.loads((folder / SPEC_NAME).read_text())
+    raise FileNotFoundError(f"no {SPEC_NAME} next to {ckpt} or in its run dir: pass the run dir of a"
+                            " `python -m framework.train` run (it names the model and its constructor values)")
+
+
+def load_source(source: str, revision: str | None = None) -> tuple[nn.Module, dict[str, Any]]:
+    """The model in `source` (run dir, .ckpt, grown dir or Hub repo id) and its spec {"name", "config"}."""
+    from framework.hub.load import _build, _load, state_from_checkpoint, validate_config
+
+    path = Path(source)
+    if path.is_dir() or path.suffix == ".ckpt":
+        ckpt = path / CKPT_PATH if path.is_dir() else path
+        if not ckpt.is_file():
+            raise FileNotFoundError(f"{source!r} has no checkpoint ({ckpt} does not exist)")
+        spec = _spec_near(ckpt)
+        raw = torch.load(ckpt, map_location="cpu", weights_only=True)
+        recorded = raw.get(RECORD_KEY, {}).get("config") if isinstance(raw, dict) else None
+        if recorded:  # a checkpoint saved by OrthogonalGrowth knows its own (pre- or post-growth) architecture
+            spec = {**spec, "config": recorded}
+        spec = validate_config({"name": spec.get("name"), "config": spec.get("config", {})})
+        model = _build(spec)
+        state = state_from_checkpoint(ckpt)
+        try:
+            model.load_state_dict(state, strict=True)
+        except RuntimeError as err:
+            raise ValueError(f"{ckpt} does not fit model {spec['name']!r} {spec['config']}: {err}") from err
+        return model, spec
+    if path.is_absolute() or source.startswith((".", "~")) or source.count("/") != 1:
+        raise FileNotFoundError(f"{source!r} is neither an existing run dir or .ckpt file nor a Hub repo id"
+                                " ('namespace/name')")
+    model, config, _, _ = _load(source, revision)
+    return model, {"name": config["name"], "config": dict(config["config"])}
+
+
+def save_grown(model: nn.Module, spec: dict[str, Any], out: Path, record: dict[str, Any]) -> Path:
+    """Write `model` to `out` in both the Hub layout and the run-dir layout (see the module docstring)."""
+    from safetensors.torch import save_model
+
+    from framework import __version__
+    from framework.hub.load import validate_config
+
+    config = validate_config({"name": spec["name"], "config": dict(model.init_config),
+                              "framework_version": __version__})
+    out.mkdir(parents=True, exist_ok=True)
+    save_model(model, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / SPEC_NAME).write_text(json.dumps({"name": spec["name"], "config": config["config"]}, indent=2) + "\n")
+    (out / CKPT_PATH).parent.mkdir(exist_ok=True)
+    state = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
+    torch.save({"state_dict": state, RECORD_KEY: {"config": config["config"]}}, out / CKPT_PATH)
+    (out / "growth.json").write_text(json.dumps(record, indent=2) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Grow SOURCE and write DIR; exit 2 on bad input (one line, no traceback), 1 when the Hub fails."""
+    parser = argparse.ArgumentParser(prog="python -m framework.grow", description=__doc__.split("\n")[0])
+    parser.add_argument("source", help="run dir, .ckpt, grown dir or Hub repo id")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--depth", type=int, default=1, help="depth factor k (layers ×k; default 1)")
+    parser.add_argument("--width", type=int, default=1, help="expert factor m (experts and top-k ×m; default 1)")
+    parser.add_argument("--method", default="interposition", choices=DEPTH_METHODS)
+    parser.add_argument("--ignore-first", type=int, default=0, help="first source layers not duplicated")
+    parser.add_argument("--ignore-last", type=int, default=0, help="last source layers not duplicated")
+    parser.add_argument("--zero-init", action="store_true", help="zero the copies' output projections")
+    parser.add_argument("--alpha", type=float, default=0.01, help="expert-copy noise std / tensor std")
+    parser.add_argument("--seed", type=int, default=0, help="noise seed")
+    parser.add_argument("--revision", help="Hub revision of SOURCE")
+    args = parser.parse_args(argv)
+    try:
+        model, spec = load_source(args.source, args.revision)
+        before, profile_before = count_params(model), _profile(model)
+        grow(model, depth_factor=args.depth, depth_method=args.method, ignore_first=args.ignore_first,
+             ignore_last=args.ignore_last, zero_init_copies=args.zero_init, width_factor=args.width,
+             noise_alpha=args.alpha, seed=args.seed)
+        after = count_params(model)
+        record = {"source": args.source, "depth_factor": args.depth, "depth_method": args.method,
+                  "ignore_first": args.ignore_first, "ignore_last": args.ignore_last,
+                  "zero_init_copies": args.zero_init,
+                  "width_factor": args.width, "noise_alpha": args.alpha, "seed": args.seed, "params_before": before,
+                  "params_after": after, "norm_profile_before": profile_before, "norm_profile_after": _profile(model)}
+        save_grown(model, spec, args.out, record)
+    except Exception as err:
+        bad_input = isinstance(err, (ValueError, TypeError, LookupError, FileNotFoundError))
+        print(f"error: {'' if bad_input else type(err).__name__ + ': '}{' '.join(str(err).split())}", file=sys.stderr)
+        return 2 if bad_input else 1
+    print(f"grew {spec['name']} from {args.source}: {before['total']:,} → {after['total']:,} parameters"
+          f" ({before['active']:,} → {after['active']:,} active); written to {args.out}")
+    return 0
+
+
+def _profile(model: nn.Module) -> list[float] | None:
+    try:
+        return norm_profile(getattr(model, "blocks", []))
+    except ValueError:
+        return None

@@ -1,0 +1,214 @@
+"""A mixture-of-experts transformer LM: the dense `TransformerLM` with its feed-forward layer replaced by `MoE`.
+
+`MoE` routes every token to `top_k` of `num_experts` SwiGLU experts (plus an optional always-on shared expert)
+under an explicit router convention, and adds a Switch-style load-balancing loss to the gradient without
+changing the output (the DeepSeek "add auxiliary loss" trick), so any next-token LightningModule trains it.
+Experts are separate modules (one 2-D matrix per tensor), so OLion/Muon orthogonalise each expert on its own and
+width growth (framework.grow) can append copies. Spec: shared/specs/olion_growth.md §2.2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from framework.models.base import RecordsConfig
+from framework.models.transformer import Attention, rotary_tables
+
+#: Router conventions. All but `sigmoid_topk` give each token gate weights that sum to a quantity unchanged by
+#: duplicating every expert and doubling top_k (so noise-free width growth preserves the function, spec §2.2).
+ROUTERS = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sigmoid_topk_norm", "sigmoid_topk")
+
+
+def route(logits: Tensor, top_k: int, router: str) -> tuple[Tensor, Tensor, Tensor]:
+    """Gate weights (N, k), expert ids (N, k) and per-expert routing probabilities (N, E) for the aux loss.
+
+    softmax_topk: p = softmax(z), keep the k largest p (Qwen/DeepSeek-V2); `_renorm` rescales them to sum 1;
+    topk_softmax: softmax over the k largest logits (Mixtral, Megatron default); sigmoid_topk_norm: s = σ(z),
+    k largest, divided by their sum (DeepSeek-V3); sigmoid_topk: the same without the division.
+    """
+    if logits.dtype in (torch.float16, torch.bfloat16):  # route in fp32; fp32/fp64 stay as they are
+        logits = logits.float()
+    if router.startswith("softmax") or router == "topk_softmax":
+        probs = logits.softmax(-1)
+        if router == "topk_softmax":
+            top, idx = logits.topk(top_k, dim=-1)
+            return top.softmax(-1), idx, probs
+        weights, idx = probs.topk(top_k, dim=-1)
+        if router == "softmax_topk_renorm":
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights, idx, probs
+    if router.startswith("sigmoid"):
+        scores = logits.sigmoid()
+        weights, idx = scores.topk(top_k, dim=-1)
+        if router == "sigmoid_topk_norm":
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights, idx, scores / scores.sum(-1, keepdim=True)
+    raise ValueError(f"router={router!r} is not a router convention; valid: {', '.join(ROUTERS)}")
+
+
+def load_balancing_loss(probs: Tensor, idx: Tensor, num_experts: int) -> Tensor:
+    """Switch-Transformer balance loss E·Σ_i f_i·P_i (f_i: share of the N·k assignments, P_i: mean probability).
+
+    Duplicating every expert and doubling k halves both f_i and P_i over twice the experts: the value is unchanged.
+    """
+    counts = torch.zeros(num_experts, device=idx.device, dtype=probs.dtype)
+    counts.scatter_add_(0, idx.flatten(), torch.ones(idx.numel(), device=idx.device, dtype=probs.dtype))
+    return num_experts * (counts / idx.numel() * probs.mean(0)).sum()
+
+
+class _AddAuxLoss(torch.autograd.Function):
+    """Returns `x` unchanged; in backward, `aux` receives gradient 1, as if it were added to the final loss."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, aux: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.aux_shape, ctx.aux_dtype = aux.shape, aux.dtype
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        return grad, torch.ones(ctx.aux_shape, dtype=ctx.aux_dtype, device=grad.device)
+
+
+class Expert(nn.Module):
+    """A SwiGLU feed-forward expert: proj(silu(gate) * up), gate and up fused in `fc`."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc = nn.Linear(dim, 2 * hidden, bias=False)
+        self.proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.fc(x).chunk(2, dim=-1)
+        return self.proj(F.silu(gate) * up)
+
+
+class MoE(nn.Module):
+    """Top-k routed experts (+ an optional shared expert). Growth protocol: `router` (Linear dim→E), `experts`
+    (ModuleList), `num_experts`, `top_k`; `last_aux_loss` holds the latest balance loss (before the coefficient)."""
+
+    def __init__(self, dim: int, num_experts: int, top_k: int, hidden: int, router: str = "softmax_topk_renorm",
+                 shared_hidden: int = 0, aux_loss_coef: float = 0.01):
+        super().__init__()
+        if router not in ROUTERS:
+            raise ValueError(f"router={router!r} is not a router convention; valid: {', '.join(ROUTERS)}")
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k={top_k} must be between 1 and num_experts={num_experts}")
+        self.num_experts, self.top_k, self.router_type, self.aux_loss_coef = num_experts, top_k, router, aux_loss_coef
+        self.router = nn.Linear(dim, num_experts, bias=False)
+        self.experts = nn.ModuleList(Expert(dim, hidden) for _ in range(num_experts))
+        self.shared = Expert(dim, shared_hidden) if shared_hidden else None
+        self.last_aux_loss: Tensor | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = rearrange(x, "b t d -> (b t) d")
+        weights, idx, probs = route(self.router(flat), self.top_k, self.router_type)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):  # an expert with no tokens still joins the graph (zero grads),
+            token, slot = (idx == e).nonzero(as_tuple=True)  # so DDP never sees an unused parameter
+            out.index_add_(0, token, expert(flat[token]) * weights[token, slot, None].to(flat.dtype))
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        aux = load_balancing_loss(probs, idx, self.num_experts)
+        self.last_aux_loss = aux.detach()
+        if self.training and self.aux_loss_coef and torch.is_grad_enabled():
+            out = _AddAuxLoss.apply(out, aux * self.aux_loss_coef)
+        return rearrange(out, "(b t) d -> b t d", b=x.shape[0])
+
+
+class MoEBlock(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + moe(norm(x))."""
+
+    def __init__(self, dim: int, heads: int, kv_heads: int, causal: bool, dropout: float, moe: MoE):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads, kv_heads, causal, dropout)
+        self.norm2 = nn.LayerNorm(dim)
+        self.moe = moe
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, key_padding_mask)
+        return x + self.moe(self.norm2(x))
+
+
+class MoETransformerLM(RecordsConfig):
+    """Token ids (batch, seq) → logits; every block's feed-forward is an `MoE`. Layers are `self.blocks`.
+
+    `expert_hidden` defaults to 2·dim (SwiGLU, so an expert has 6·dim² weights); `shared_hidden=0` means no
+    shared expert; `aux_loss_coef` scales the load-balancing loss added to the gradient in training mode.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int = 128,
+        depth: int = 4,
+        heads: int = 4,
+        kv_heads: int | None = None,
+        num_experts: int = 4,
+        top_k: int = 1,
+        expert_hidden: int | None = None,
+        router: str = "softmax_topk_renorm",
+        shared_hidden: int = 0,
+        aux_loss_coef: float = 0.01,
+        max_seq_len: int = 1024,
+        causal: bool = True,
+        dropout: float = 0.0,
+        tie_embeddings: bool = False,
+    ):
+        super().__init__()
+        for key, value in dict(vocab_size=vocab_size, dim=dim, depth=depth, heads=heads, num_experts=num_experts,
+                               top_k=top_k).items():
+            if value < 1:
+                raise ValueError(f"{key}={value} must be a positive integer")
+        self.max_seq_len, self.causal = max_seq_len, causal
+        hidden = expert_hidden or 2 * dim
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            MoEBlock(dim, heads, kv_heads or heads, causal, dropout,
+                     MoE(dim, num_experts, top_k, hidden, router, shared_hidden, aux_loss_coef))
+            for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab_size, bias=False)
+        if tie_embeddings:
+            self.head.weight = self.embed.weight
+        cos, sin = rotary_tables(max_seq_len, dim // heads)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        if self.head.weight.is_meta:  # shapes only (parameter counting, growth planning): nothing to draw
+            return
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
+            if name.endswith("proj.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
+
+    def moe_layers(self) -> list[MoE]:
+        """The MoE feed-forward layers, first to last."""
+        return [block.moe for block in self.blocks]
+
+    def aux_loss(self) -> Tensor | None:
+        """Mean load-balancing loss of the last forward pass over all layers (for logging)."""
+        losses = [m.last_aux_loss for m in self.moe_layers() if m.last_aux_loss is not None]
+        return torch.stack(losses).mean() if losses else None
+
+    def features(self, idx: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """Final normalised hidden states (batch, seq, dim)."""
+        t = idx.shape[1]
+        if t > self.max_seq_len:
+            raise ValueError(f"sequence length {t} exceeds max_seq_len={self.max_seq_len}")
+        cos, sin = self.rope_cos[:t], self.rope_sin[:t]
+        x = self.drop(self.embed(idx))
+        for block in self.blocks:
+            x = block(x, cos, sin, key_padding_mask)
+        return self.norm(x)
+
+    def forward(self, idx: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        return self.head(self.features(idx, key_padding_mask))
