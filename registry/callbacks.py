@@ -22,3 +22,17 @@ CALLBACKS.register(HubPush, name="hub_push")  # `+callbacks=hub_push callbacks.h
 from framework.callbacks.mask_sweep import MaskSweep  # noqa: E402
 
 CALLBACKS.register(MaskSweep, name="mask_sweep", ms=[0, 2, 4, 8, 16, 32, 48, 64], n_per_slot=200)
+
+from framework.callbacks.growth import OrthogonalGrowth  # noqa: E402
+
+CALLBACKS.register(
+    OrthogonalGrowth, name="orthogonal_growth", at_step=100, depth_factor=2, width_factor=1,
+    description="Grow depth (layer interposition) and/or MoE width (noisy expert copies) mid-training (2510.08008).",
+)
+
+from framework.callbacks.data_agent import DataSelection  # noqa: E402
+
+CALLBACKS.register(
+    DataSelection, name="data_selection",
+    description="Dynamic data selection: runs the `sampler=` policy (framework.train adds it when one is chosen).",
+)

@@ -15,3 +15,10 @@ DATA.register(
     KVRecallData, name="kv_recall", n_pairs=8, n_keys=16, n_values=16, max_eos=32, batch_size=64, seed=None,
     description="Key-value associative recall (spec 1.4's harder variant); GPU-sized, not learnable in a CPU budget.",
 )
+
+from framework.data.digits import DigitsData, SyntheticClasses  # noqa: E402
+
+DATA.register(DigitsData, name="digits", batch_size=64, label_noise=0.0, pixel_noise=0.0, seed=None,
+              description="scikit-learn's 8x8 digits as (1, 8, 8) images; optional label / pixel noise.")
+DATA.register(SyntheticClasses, name="synth_classes", n_samples=10_000, label_noise=0.2, batch_size=128, seed=None,
+              description="make_classification: 10 classes x 2 clusters in 64-d, 20% training label noise.")

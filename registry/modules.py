@@ -8,3 +8,7 @@ MODULES.register(CausalLM, name="causal_lm")
 from framework.modules.mdlm import MDLMModule  # noqa: E402
 
 MODULES.register(MDLMModule, name="mdlm", sampling_eps=1e-3, ema_decay=0.0)
+
+from framework.modules.classifier import Classifier  # noqa: E402
+
+MODULES.register(Classifier, name="classifier", label_smoothing=0.0)
