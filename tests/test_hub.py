@@ -227,7 +227,7 @@ GOOD = {"name": "transformer_lm", "config": {"vocab_size": 256, "dim": 32, "dept
         ({**GOOD, "name": "os.system"}, "'os.system' looks like an import path"),
         ({**GOOD, "config": {"dim": "framework.models.transformer.TransformerLM"}}, "looks like an import path"),
         ({**GOOD, "config": {"dim": ["subprocess:call"]}}, "'subprocess:call' looks like an import path"),
-        ({**GOOD, "name": "transformer_lmm"}, "Unknown model 'transformer_lmm'. Did you mean 'transformer_lm'?"),
+        ({**GOOD, "name": "transformer_lmm"}, "Unknown model 'transformer_lmm'. Did you mean 'transformer_lm'"),
         ({**GOOD, "config": {"evil": 1}}, "sets evil, which model 'transformer_lm' does not take"),
         ({"config": {}}, "'name' must be a registered model name"),
         (["transformer_lm"], "must be a JSON object"),
