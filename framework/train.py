@@ -63,6 +63,7 @@ DEFAULTS = [
     {"scheduler": "warmup_cosine"},
     {"callbacks": ["checkpoint"]},
     {"loss": None},
+    {"metric": None},  # a registered metric (e.g. `metric=gicdm`), for modules that take one
     {"sampler": None},  # dynamic data selection (`sampler=data_agent`); None trains on every sample as before
     {"recipe": None},  # last: a recipe overrides the choices above; None lets `recipe=NAME` go without '+'
 ]
@@ -77,6 +78,7 @@ TrainConfig = make_config(
     callbacks=None,
     loss=None,
     sampler=None,
+    metric=None,
     recipe=None,
     trainer=TrainerConf,
     hub=HubConf,

@@ -22,3 +22,11 @@ DATA.register(DigitsData, name="digits", batch_size=64, label_noise=0.0, pixel_n
               description="scikit-learn's 8x8 digits as (1, 8, 8) images; optional label / pixel noise.")
 DATA.register(SyntheticClasses, name="synth_classes", n_samples=10_000, label_noise=0.2, batch_size=128, seed=None,
               description="make_classification: 10 classes x 2 clusters in 64-d, 20% training label noise.")
+
+from framework.data.pointer_chase import PointerChaseData  # noqa: E402
+
+DATA.register(
+    PointerChaseData, name="pointer_chase", n_pairs=8, n_symbols=16, hops=None, train_task="chain",
+    distinct_answers=True, batch_size=64,
+    seed=None, description="Multi-hop look-ups through a random permutation in the prompt (RLKV's reasoning toy).",
+)

@@ -12,3 +12,11 @@ MODULES.register(MDLMModule, name="mdlm", sampling_eps=1e-3, ema_decay=0.0)
 from framework.modules.classifier import Classifier  # noqa: E402
 
 MODULES.register(Classifier, name="classifier", label_smoothing=0.0)
+
+from framework.probes.base import RandomHeads  # noqa: E402
+from framework.probes.duo_attention import DuoAttentionProbe  # noqa: E402
+from framework.probes.rlkv import RLKVProbe  # noqa: E402
+
+MODULES.register(RLKVProbe, name="rlkv", group_size=4, penalty=0.5, tau=0.5, sink=1, recent=4)
+MODULES.register(DuoAttentionProbe, name="duo_attention", reg_weight=0.05, sink=1, recent=4)
+MODULES.register(RandomHeads, name="random_heads", aliases=("random",), sink=1, recent=4)

@@ -122,7 +122,8 @@ BAD: dict[tuple[str, str], tuple | None] = {
     # GICDM (issue 5)
     ("metric", "gicdm"): (list, {"correction": "icmd"}, r"correction='icmd' is not one of 'none', 'icdm', 'gicdm'"),
     ("data", "hubness_sweep"): (list, {"n": 0}, r"n=0 must be >= 16"),
-    ("module", "metric_eval"): (list, {"k": 0}, r"k=0 must be"),
+    ("module", "metric_eval"): (list, {"corrections": ["raw"]}, r"corrections=\['raw'\] must be non-empty, from "
+                                                                  r"none, icdm, gicdm"),
     # RLKV (issue 7)
     ("data", "pointer_chase"): (list, {"hops": 0}, r"hops=0 must be >= 1"),
     ("module", "rlkv"): (lambda: [_tiny_causal_lm], {"group_size": 0}, r"group_size=0 must"),

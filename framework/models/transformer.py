@@ -7,6 +7,7 @@ PyTorch's `scaled_dot_product_attention`; reshapes are einops.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,8 +31,33 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out.to(x.dtype)
 
 
+def stream_mask(
+    t_q: int, t_k: int, sink: int, recent: int, offset: int = 0, device: torch.device | None = None
+) -> Tensor:
+    """Streaming (attention-sink + recent-window) causal mask (t_q, t_k): query i (at position offset + i) may
+    see key j iff j <= i and (j < sink or i - j < recent)."""
+    i = torch.arange(t_q, device=device)[:, None] + offset
+    j = torch.arange(t_k, device=device)[None, :]
+    return (j <= i) & ((j < sink) | (i - j < recent))
+
+
+def check_window(window: Any) -> tuple[int, int]:
+    """`window` as (sink, recent) ints; ValueError unless sink >= 0 and recent >= 1 (every row sees its own token)."""
+    try:
+        sink, recent = (int(w) for w in window)
+    except (TypeError, ValueError):
+        raise ValueError(f"window={window!r} must be a pair (sink, recent) of ints") from None
+    if sink < 0 or recent < 1:
+        raise ValueError(f"window=(sink={sink}, recent={recent}) needs sink >= 0 and recent >= 1")
+    return sink, recent
+
+
 class Attention(nn.Module):
-    """Multi-head self-attention with grouped key/value heads (GQA) and rotary positions."""
+    """Multi-head self-attention with grouped key/value heads (GQA) and rotary positions.
+
+    Optional per-KV-head gates `alpha` mix full and streaming attention, `alpha * full + (1 - alpha) * stream`
+    (DuoAttention / RLKV); a `cache` (see `framework.probes.kv_cache`) serves incremental decoding.
+    """
 
     def __init__(self, dim: int, heads: int, kv_heads: int, causal: bool, dropout: float = 0.0):
         super().__init__()
@@ -47,10 +73,23 @@ class Attention(nn.Module):
         self.kv = nn.Linear(dim, 2 * kv_heads * self.head_dim, bias=False)
         self.proj = nn.Linear(heads * self.head_dim, dim, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        key_padding_mask: Tensor | None = None,
+        gates: Tensor | None = None,
+        window: tuple[int, int] | None = None,
+        cache: Any = None,
+    ) -> Tensor:
+        """`gates` (kv_heads,) in [0, 1] with `window=(sink, recent)`: 1 is full attention, 0 streaming.
+        `cache`: an object whose `attend(q, k, v)` stores the new keys/values and returns the heads' outputs."""
         q = rearrange(self.q(x), "b t (h d) -> b h t d", h=self.heads)
         k, v = rearrange(self.kv(x), "b t (two g d) -> two b g t d", two=2, g=self.kv_heads)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:  # incremental decoding: the cache holds past keys/values per KV head
+            return self.proj(rearrange(cache.attend(q, k, v), "b h t d -> b t (h d)"))
         group = self.heads // self.kv_heads
         k, v = (repeat(t, "b g t d -> b (g r) t d", r=group) for t in (k, v))
         mask = None
@@ -63,7 +102,30 @@ class Attention(nn.Module):
             q, k, v, attn_mask=mask, is_causal=self.causal and mask is None,
             dropout_p=self.dropout if self.training else 0.0,
         )
+        if gates is not None:
+            out = self._mix_streaming(out, q, k, v, gates, window, key_padding_mask)
         return self.proj(rearrange(out, "b h t d -> b t (h d)"))
+
+    def _mix_streaming(
+        self, out: Tensor, q: Tensor, k: Tensor, v: Tensor, gates: Tensor, window: Any, key_padding_mask: Tensor | None
+    ) -> Tensor:
+        """alpha * full + (1 - alpha) * streaming attention, one alpha per KV head shared by its query group."""
+        if not self.causal:
+            raise ValueError("attention gates mix causal full and streaming attention; this model has causal=False")
+        if gates.shape != (self.kv_heads,):
+            raise ValueError(
+                f"gates of shape {tuple(gates.shape)} do not fit: expected ({self.kv_heads},), one per KV head"
+            )
+        sink, recent = check_window(window)
+        t = q.shape[2]
+        mask = stream_mask(t, t, sink, recent, device=q.device)
+        if key_padding_mask is not None:
+            mask = mask & rearrange(key_padding_mask.bool(), "b s -> b 1 1 s")
+        streamed = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+        )
+        alpha = rearrange(gates.to(out.dtype).repeat_interleave(self.heads // self.kv_heads), "h -> 1 h 1 1")
+        return alpha * out + (1 - alpha) * streamed
 
 
 class MLP(nn.Module):
@@ -89,8 +151,20 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.ffn = MLP(dim, int(mlp_ratio * dim), dropout)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, key_padding_mask)
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        key_padding_mask: Tensor | None = None,
+        gates: Tensor | None = None,
+        window: tuple[int, int] | None = None,
+        cache: Any = None,
+    ) -> Tensor:
+        if gates is None and cache is None:
+            x = x + self.attn(self.norm1(x), cos, sin, key_padding_mask)
+        else:
+            x = x + self.attn(self.norm1(x), cos, sin, key_padding_mask, gates=gates, window=window, cache=cache)
         return x + self.ffn(self.norm2(x))
 
 
@@ -137,16 +211,49 @@ class TransformerLM(RecordsConfig):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, std=0.02)
 
-    def features(self, idx: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        """Final normalised hidden states (batch, seq, dim): the penultimate features."""
+    def features(
+        self,
+        idx: Tensor,
+        key_padding_mask: Tensor | None = None,
+        gates: Tensor | None = None,
+        window: tuple[int, int] | None = None,
+        cache: Any = None,
+    ) -> Tensor:
+        """Final normalised hidden states (batch, seq, dim): the penultimate features.
+
+        `gates` (depth, kv_heads) with `window=(sink, recent)` mix full and streaming attention per KV head;
+        `cache` (`framework.probes.kv_cache.MixedKVCache`) continues from the `cache.length` tokens it holds.
+        """
         t = idx.shape[1]
-        if t > self.max_seq_len:
-            raise ValueError(f"sequence length {t} exceeds max_seq_len={self.max_seq_len}")
-        cos, sin = self.rope_cos[:t], self.rope_sin[:t]
+        start = 0 if cache is None else cache.length
+        if start + t > self.max_seq_len:
+            raise ValueError(f"sequence length {start + t} exceeds max_seq_len={self.max_seq_len}")
+        cos, sin = self.rope_cos[start : start + t], self.rope_sin[start : start + t]
         x = self.drop(self.embed(idx))
-        for block in self.blocks:
-            x = block(x, cos, sin, key_padding_mask)
+        if gates is None and cache is None:
+            for block in self.blocks:
+                x = block(x, cos, sin, key_padding_mask)
+            return self.norm(x)
+        if gates is not None and gates.shape != (len(self.blocks), self.blocks[0].attn.kv_heads):
+            raise ValueError(
+                f"gates of shape {tuple(gates.shape)} do not fit: expected (depth, kv_heads) = "
+                f"({len(self.blocks)}, {self.blocks[0].attn.kv_heads})"
+            )
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, key_padding_mask, gates=None if gates is None else gates[i], window=window,
+                      cache=None if cache is None else cache.layers[i])
+        if cache is not None:
+            cache.advance(t)
         return self.norm(x)
 
-    def forward(self, idx: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        return self.head(self.features(idx, key_padding_mask))
+    def forward(
+        self,
+        idx: Tensor,
+        key_padding_mask: Tensor | None = None,
+        gates: Tensor | None = None,
+        window: tuple[int, int] | None = None,
+        cache: Any = None,
+    ) -> Tensor:
+        if gates is None and cache is None:
+            return self.head(self.features(idx, key_padding_mask))
+        return self.head(self.features(idx, key_padding_mask, gates=gates, window=window, cache=cache))

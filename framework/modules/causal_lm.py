@@ -14,13 +14,20 @@ from framework.modules.base import TrainModule
 class CausalLM(TrainModule):
     """Trains any tokens→logits model on next-token prediction; logs `val/bpb` (bits per byte for byte data)."""
 
-    def __init__(self, model, optimizer=None, scheduler=None, vocab_size: int | None = None):
+    def __init__(self, model, optimizer=None, scheduler=None, vocab_size: int | None = None, prompt_length: int = 0):
+        """`prompt_length > 0` scores only the tokens after each row's first `prompt_length` (prompt masking)."""
         super().__init__(model, optimizer, scheduler, **({"vocab_size": vocab_size} if vocab_size else {}))
+        if prompt_length < 0:
+            raise ValueError(f"prompt_length={prompt_length} must be >= 0 (0 scores every token)")
+        self.prompt_length = int(prompt_length)
         self.val_nll = MeanMetric()
 
     def loss(self, batch: Tensor) -> Tensor:
         inputs, targets = batch[:, :-1], batch[:, 1:]
         logits = self.model(inputs)
+        if self.prompt_length:
+            start = self.prompt_length - 1
+            logits, targets = logits[:, start:], targets[:, start:]
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:

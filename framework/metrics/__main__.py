@@ -1,0 +1,49 @@
+"""`python -m framework.metrics real.npy fake.npy [--k 5] [--correction gicdm]`: P/R/D/C as JSON.
+
+Each file holds a 2-D (points, dims) array of features (`np.save`); nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from framework.metrics.functional import CORRECTIONS, prdc
+
+
+def _load(path: str) -> np.ndarray:
+    if not Path(path).is_file():
+        raise SystemExit(f"error: no such features file: {path}")
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as err:
+        raise SystemExit(f"error: {path} is not a plain .npy array ({err}); object arrays are refused") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m framework.metrics", description=__doc__.split("\n")[0])
+    parser.add_argument("real", help="real features, .npy of shape (N, D)")
+    parser.add_argument("fake", help="generated features, .npy of shape (M, D)")
+    parser.add_argument("--k", type=int, default=5, help="neighbourhood size (prdc: 5, Kynkäänniemi: 3)")
+    parser.add_argument("--correction", choices=CORRECTIONS, default="none",
+                        help="hubness correction: none (= prdc), icdm (real factors), gicdm (reconstruction)")
+    parser.add_argument("--le", action="store_true", help="ball test with <= (Kynkäänniemi) instead of < (prdc)")
+    parser.add_argument("--block-size", type=int, default=None, help="tile edge in points (default 1024)")
+    args = parser.parse_args(argv)
+    real, fake = _load(args.real), _load(args.fake)
+    try:
+        out = prdc(real, fake, args.k, args.correction, strict=not args.le, block_size=args.block_size)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out.update(n_real=int(real.shape[0]), n_fake=int(fake.shape[0]), dim=int(real.shape[1]))
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

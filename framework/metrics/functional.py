@@ -1,0 +1,148 @@
+"""Precision, recall (Kynkäänniemi et al. 2019), density, coverage (Naeem et al. 2020), raw or hubness-corrected.
+
+`correction="none"` equals `prdc.compute_prdc` (strict `<`, radius = distance to the k-th neighbour, self
+excluded). Corrections rescale distances as d'(a, b) = δ_a δ_b d(a, b) and recompute every radius under d':
+
+* `icdm`: ICDM factors δ_x on the real set; generated points keep δ_y = 1 (the spec's "correct reals only").
+* `gicdm`: **a reconstruction** of GICDM (Salvy, Talbot, Thirion, arXiv 2602.16449), whose algorithm text was
+  not available. Real factors by ICDM; each generated point gets the out-of-sample ICDM fixed point from real data
+  only, δ_y = (r̄ / s_k(y))^β with s_k(y) the mean of its k smallest δ_x d(x, y), clamped to the real δ range;
+  a multi-scale filter leaves true outliers uncorrected (δ_y = 1): y is an outlier when its mean raw distance to
+  its K nearest reals exceeds the q-quantile of the same leave-one-out statistic over reals, at any
+  K ∈ k·`filter_scales`. Generated points never influence the real factors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from framework.metrics.icdm import ICDMResult, hubness, icdm
+from framework.metrics.knn import KNN, Points, ball_stats, knn, prepare, scan
+
+CORRECTIONS = ("none", "icdm", "gicdm")
+
+
+def as_features(x: Any, name: str) -> Tensor:
+    """A 2-D floating tensor from a tensor or array (float64 is kept; other types become float32)."""
+    t = torch.as_tensor(np.asarray(x) if not isinstance(x, Tensor) else x)
+    if t.ndim != 2:
+        raise ValueError(f"{name} features must be 2-D (points, dims), got shape {tuple(t.shape)}")
+    if t.dtype != torch.float64:
+        t = t.float()
+    if t.numel() and not (bool(torch.isfinite(t.amax())) and bool(torch.isfinite(t.amin()))):  # NaN propagates
+        raise ValueError(f"{name} features contain NaN or inf values")
+    return t
+
+
+def prdc(
+    real: Any,
+    fake: Any,
+    k: int = 5,
+    correction: str = "none",
+    *,
+    strict: bool = True,
+    alpha: float = 0.5,
+    max_iter: int = 50,
+    tol: float = 1e-4,
+    beta: float = 1.0,
+    filter_scales: tuple[int, ...] = (1, 2, 4, 8),
+    filter_quantile: float = 0.99,
+    candidates: int | None = None,
+    dense_max: int = 4096,
+    block_size: int | None = None,
+    return_factors: bool = False,
+) -> dict[str, Any]:
+    """P/R/D/C of `fake` against `real` (N, D) and (M, D) features, plus the real set's k-occurrence skewness
+    before and after the correction. `strict=False` uses Kynkäänniemi's `<=`; `block_size` is the tile edge (None:
+    1024; ≥ N is the dense path, with identical results). ICDM: `alpha`, `max_iter`, `tol`; its graph is dense up to
+    `dense_max` real points, else (or when `candidates` is given) the `candidates` (default 64) nearest raw
+    neighbours. GICDM: `beta`, `filter_scales`, `filter_quantile`."""
+    if correction not in CORRECTIONS:
+        raise ValueError(f"correction={correction!r} is not one of {', '.join(map(repr, CORRECTIONS))}")
+    real, fake = as_features(real, "real"), as_features(fake, "fake").to(real.device)
+    if real.shape[1] != fake.shape[1]:
+        raise ValueError(f"real features have {real.shape[1]} dims but fake features have {fake.shape[1]}")
+    n, m = real.shape[0], fake.shape[0]
+    if not 0 < k < min(n, m):
+        raise ValueError(f"k={k} must be in 1..{min(n, m) - 1} (fewer than the {n} real and {m} fake points)")
+    if not filter_scales or min(filter_scales) < 1 or not 0 < filter_quantile <= 1:
+        raise ValueError(f"filter_scales={filter_scales} must be ≥ 1 and filter_quantile={filter_quantile} in (0, 1]")
+    dtype = torch.float64 if torch.float64 in (real.dtype, fake.dtype) else torch.float32
+    center = real.mean(0, dtype=torch.float64)
+    x, y = prepare(real, center, dtype), prepare(fake, center, dtype)
+    ar_n, ar_m = torch.arange(n, device=real.device), torch.arange(m, device=real.device)
+    gicdm = correction == "gicdm"
+    dense = correction != "none" and candidates is None and n <= dense_max
+    width = 0
+    if correction != "none":
+        width = max(k * max(filter_scales) if gicdm else 0, 0 if dense else (candidates or 64))
+    real_scan = scan(x, x, k, self_index=ar_n, width=min(width, n - 1), dense=dense, block_size=block_size)
+    skew = hubness(real_scan.exact.index, n)["skewness"]
+    out: dict[str, Any] = {"correction": correction, "k": k}
+    if correction == "none":
+        fake_nn = knn(y, y, k, self_index=ar_m, block_size=block_size)
+        stats = ball_stats(y, x, real_scan.exact.values[:, -1], fake_nn.values[:, -1], strict=strict,
+                           block_size=block_size)
+        skew_after, dx, dy = skew, None, None
+    else:
+        res = icdm(real_scan.dense if dense else real_scan.approx, k, alpha=alpha, max_iter=max_iter, tol=tol)
+        real_scan.dense = None
+        dx = res.delta
+        skew_after = hubness(res.neighbours.index, n)["skewness"]
+        out.update(icdm_iterations=res.iterations, icdm_converged=res.converged, icdm_spread=res.history[-1],
+                   delta_real_min=float(dx.min()), delta_real_max=float(dx.max()))
+        if gicdm:
+            dy, outlier = generated_factors(x, y, real_scan.approx, res, k, beta=beta, scales=filter_scales,
+                                            quantile=filter_quantile, block_size=block_size)
+            out["filtered_fraction"] = float(outlier.double().mean())
+        else:
+            dy = torch.ones(m, dtype=torch.float64, device=real.device)
+        fake_nn = knn(y, y, k, self_index=ar_m, col_scale2=dy.square() if gicdm else None, block_size=block_size)
+        # radii under d': real ρ_x = δ_{x(k)} d(x, x(k)) (δ_x cancels in the ball test), fake ρ_y likewise
+        stats = ball_stats(y, x, res.neighbours.values[:, -1], fake_nn.values[:, -1], query_scale2=dy.square(),
+                           ref_scale2=dx.square(), strict=strict, block_size=block_size)
+    out.update(
+        precision=int((stats.counts > 0).sum()) / m,
+        recall=int(stats.inside.sum()) / n,
+        density=(1.0 / k) * (int(stats.counts.sum()) / m),
+        coverage=int(stats.covered.sum()) / n,
+        hub_skew_real=skew,
+        hub_skew_real_corrected=skew_after,
+    )
+    if return_factors:
+        out["delta_real"], out["delta_fake"] = dx, dy
+    return out
+
+
+def generated_factors(
+    x: Points,
+    y: Points,
+    real_nn: KNN,
+    res: ICDMResult,
+    k: int,
+    *,
+    beta: float = 1.0,
+    scales: tuple[int, ...] = (1, 2, 4, 8),
+    quantile: float = 0.99,
+    block_size: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """GICDM (reconstructed): δ_y from real data only, clamped to the real δ range; multi-scale outliers get 1.
+
+    `real_nn`: each real point's raw leave-one-out neighbours, ≥ k·max(scales) columns unless N is smaller.
+    Returns δ_y (M,) and the outlier mask."""
+    width = min(k * max(scales), len(x))
+    to_real = scan(y, x, k, col_scale2=res.delta.square(), width=width, block_size=block_size)
+    s_k = to_real.exact.values.sqrt().mean(1)  # mean of the k smallest δ_x d(x, y)
+    delta = ((res.rbar / s_k) ** beta).clamp(float(res.delta.min()), float(res.delta.max()))
+    outlier = torch.zeros(len(y), dtype=torch.bool, device=delta.device)
+    real_d, fake_d = real_nn.values.sqrt(), to_real.approx.values.sqrt()
+    for scale in sorted(set(scales)):
+        kk = min(k * scale, real_d.shape[1], fake_d.shape[1])
+        tau = torch.quantile(real_d[:, :kk].mean(1), quantile)
+        outlier |= fake_d[:, :kk].mean(1) > tau
+    delta[outlier] = 1.0
+    return delta, outlier

@@ -1,0 +1,101 @@
+"""`GICDM`: precision / recall / density / coverage, raw or hubness-corrected, as a torchmetrics Metric.
+
+Features (or inputs pushed through an optional extractor, any `nn.Module`) accumulate in list states that
+sync across processes with `dist_reduce_fx="cat"`, like torchmetrics' KID; `compute()` runs the exact chunked
+computation of `framework.metrics.functional.prdc` on the gathered sets. The `gicdm` correction is a
+reconstruction of arXiv 2602.16449 (see `functional.py` and docs/gicdm.md).
+
+    metric = GICDM(k=5, correction="gicdm")
+    metric.update(real_feats, real=True)
+    metric.update(fake_feats, real=False)
+    metric.compute()  # {'precision': tensor(.98), ..., 'hub_skew_real': ..., 'correction': 'gicdm'}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
+
+from framework.metrics.functional import CORRECTIONS, prdc
+
+
+class GICDM(Metric):
+    """Exact P/R/D/C (prdc conventions) with the real set's k-occurrence skewness before and after the correction.
+
+    `feature`: an `nn.Module` mapping inputs to (B, D) features (e.g. `timm.create_model(..., num_classes=0)` or
+    `framework.hub.from_pretrained(...)`); None means inputs are features. `correction`: 'none', 'icdm' (real
+    factors only) or 'gicdm' (reconstructed). `strict=False` uses Kynkäänniemi's `<=`. `reset_real_features=False`
+    keeps the real features across `reset()` (evaluate many generators against one reference). Other keyword
+    arguments of `prdc` (alpha, max_iter, tol, beta, filter_scales, filter_quantile, candidates, dense_max,
+    block_size) go in `options`; the rest (e.g. `compute_on_cpu=True`) to torchmetrics' `Metric`.
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+    real_features: list[Tensor]
+    fake_features: list[Tensor]
+
+    def __init__(
+        self,
+        feature: nn.Module | None = None,
+        k: int = 5,
+        correction: str = "gicdm",
+        strict: bool = True,
+        reset_real_features: bool = True,
+        options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        if correction not in CORRECTIONS:
+            raise ValueError(f"correction={correction!r} is not one of {', '.join(map(repr, CORRECTIONS))}")
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k={k!r} must be a positive integer (prdc uses 5, Kynkäänniemi et al. 3)")
+        if feature is not None and not isinstance(feature, nn.Module):
+            raise TypeError(f"feature must be an nn.Module mapping inputs to (B, D) features or None, got {feature!r}")
+        self.feature = feature
+        self.k, self.correction, self.strict = k, correction, strict
+        self.reset_real_features = reset_real_features
+        self.options = dict(options or {})
+        self.add_state("real_features", [], dist_reduce_fx="cat")
+        self.add_state("fake_features", [], dist_reduce_fx="cat")
+
+    def update(self, x: Tensor, real: bool) -> None:  # type: ignore[override]
+        """Add a batch of real (`real=True`) or generated inputs; the flag is explicit so roles cannot swap."""
+        if self.feature is not None:
+            was_training = self.feature.training
+            self.feature.eval()
+            with torch.no_grad():
+                x = self.feature(x)
+            self.feature.train(was_training)
+        f = x.detach().flatten(1)
+        f = f if f.dtype == torch.float64 else f.float()
+        (self.real_features if real else self.fake_features).append(f)
+
+    def compute(self) -> dict[str, Any]:
+        """precision, recall, density, coverage, hub_skew_real(_corrected) as tensors; correction as a string."""
+        n_real, n_fake = (len(s) if isinstance(s, list) else 1 for s in (self.real_features, self.fake_features))
+        if not n_real or not n_fake:  # (after a DDP sync the list states are single tensors)
+            raise RuntimeError(
+                f"GICDM needs real and generated features; got {n_real} real and {n_fake} generated batches"
+                " (call update(x, real=True) and update(x, real=False))"
+            )
+        real, fake = dim_zero_cat(self.real_features), dim_zero_cat(self.fake_features)
+        out = prdc(real, fake, self.k, self.correction, strict=self.strict, **self.options)
+        keys = ("precision", "recall", "density", "coverage", "hub_skew_real", "hub_skew_real_corrected")
+        result: dict[str, Any] = {key: torch.tensor(out[key], dtype=torch.float32, device=real.device) for key in keys}
+        result["correction"] = self.correction
+        return result
+
+    def reset(self) -> None:
+        """Clear the states; with `reset_real_features=False` the real features survive (KID/FID pattern)."""
+        if self.reset_real_features:
+            super().reset()
+            return
+        value = self._defaults.pop("real_features")
+        super().reset()
+        self._defaults["real_features"] = value

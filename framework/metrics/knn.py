@@ -1,0 +1,359 @@
+"""Exact k-NN radii and ball-membership counts over tiles: memory O(tile·N), never an N×N matrix.
+
+Distances are screened one tile at a time with a matmul in the compute dtype (float32 for float32 features: BLAS
+speed on CPU or GPU) under a rigorous bound on the screening error, |s − d²| ≤ (γ_D + 48u)(|a| + |b|)² (Higham's
+γ_D for dot products; features are centred first). Only pairs the bound cannot decide (the k-th neighbour and
+near-ties with it, or a distance within ~1e-4 of a radius) are recomputed exactly as Σ(a − b)² in float64. Every
+decision therefore equals the float64 direct computation whatever the tile size: chunked and dense (one tile)
+paths agree exactly. Self-neighbours are excluded by index, never by d = 0. Within one set only the tiles on and
+above the diagonal are computed (each serves its rows and, transposed, its columns).
+
+Values are squared distances, optionally times a per-point squared factor: `col_scale2[j]·d²(i, j)` ranks the
+neighbours of i under a corrected metric δ_i δ_j d(i, j) (δ_i is constant along a row and drops out).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+#: unit round-off of the screening dtypes
+_UNIT = {torch.float32: 2.0**-24, torch.float64: 2.0**-53}
+#: default tile edge: a 1024×1024 float32 tile is 4 MiB and stays in cache for the passes after the matmul
+TILE = 1024
+#: k-NN candidates kept per row beyond k while tiles stream past (more only where near-ties need them)
+_EXTRA = 4
+
+
+@dataclass
+class Points:
+    """A point set prepared for screening: `x` as given (exact work upcasts it), a centred compute-dtype copy
+    `c`, its squared norms `sq`, and `norm` (an upper estimate of |c| in float64, for the error bound)."""
+
+    x: Tensor
+    c: Tensor
+    sq: Tensor
+    norm: Tensor
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.x.shape[1]
+
+    def subset(self, rows: Tensor) -> Points:
+        return Points(self.x[rows], self.c[rows], self.sq[rows], self.norm[rows])
+
+
+def prepare(x: Tensor, center: Tensor | None = None, dtype: torch.dtype | None = None) -> Points:
+    """Screening copy of `x` (N, D), centred on `center` (distances do not change; cancellation does)."""
+    if x.ndim != 2:
+        raise ValueError(f"features must be a 2-D (points, dims) tensor, got shape {tuple(x.shape)}")
+    dtype = dtype or (torch.float64 if x.dtype == torch.float64 else torch.float32)
+    if dtype not in _UNIT:
+        raise ValueError(f"screening dtype must be float32 or float64, got {dtype}")
+    c = x.to(dtype)
+    if center is not None:
+        c = c - center.to(device=x.device, dtype=dtype)
+    sq = torch.cat([part.square().sum(1) for part in c.split(4096)]) if len(c) else c.new_zeros(0)
+    return Points(x, c, sq, sq.double().sqrt() * (1 + (x.shape[1] + 4) * _UNIT[dtype]))
+
+
+def _coef(p: Points) -> float:
+    return (p.dim + 48) * _UNIT[p.c.dtype] * 1.1
+
+
+def _tiles(n: int, tile: int | None) -> list[slice]:
+    step = max(1, tile or TILE)
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+@contextlib.contextmanager
+def _full_precision() -> Iterator[None]:
+    """Plain IEEE float32 matmuls (no TF32/bf16 shortcuts), which the screening error bound assumes."""
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
+def _screen(q: Points, rows: slice, r: Points, cols: slice) -> Tensor:
+    """Approximate d² of a tile: |a|² + |b|² − 2 a·b in the compute dtype."""
+    return torch.addmm(q.sq[rows, None] + r.sq[None, cols], q.c[rows], r.c[cols].T, alpha=-2.0)
+
+
+def exact_sq(a: Tensor, b: Tensor, chunk_elements: int = 2**18) -> Tensor:
+    """Row-wise Σ(a_p − b_p)² in float64 for matching rows of `a` and `b` (P, D): the reference values."""
+    out = torch.empty(a.shape[0], dtype=torch.float64, device=a.device)
+    step = max(1, chunk_elements // max(a.shape[1], 1))
+    for i in range(0, a.shape[0], step):
+        out[i : i + step] = (a[i : i + step].double() - b[i : i + step].double()).square_().sum(1)
+    return out
+
+
+def _pairs_sq(q: Points, qi: Tensor, r: Points, ri: Tensor) -> Tensor:
+    """Exact d² for the index pairs (qi[p], ri[p])."""
+    out = torch.empty(qi.shape[0], dtype=torch.float64, device=q.x.device)
+    step = max(1, 2**18 // max(q.dim, 1))
+    for i in range(0, qi.shape[0], step):
+        out[i : i + step] = exact_sq(q.x[qi[i : i + step]], r.x[ri[i : i + step]])
+    return out
+
+
+@dataclass
+class KNN:
+    """The k smallest (scaled) squared distances of each query row, ascending, and their reference indices.
+
+    From `knn`/`scan` the index sets and the last (k-th: the radius) column are exact; an earlier value may be the
+    screened one (relative error ~1e-6) where the bound alone proved it lies among the k nearest."""
+
+    values: Tensor  # (n, k) float64
+    index: Tensor  # (n, k) int64
+
+
+@dataclass
+class Scan:
+    """What one pass over a pair of sets produced: the exact k-NN, plus optional screened extras."""
+
+    exact: KNN
+    approx: KNN | None = None  # raw (unscaled) screened `width` nearest, ascending: values accurate to ~1e-6
+    dense: Tensor | None = None  # the whole screened raw d² matrix (float64, +inf on self), when asked for
+
+
+class _Running:
+    """The m smallest values per row (and their column indices), merged tile by tile."""
+
+    def __init__(self, n: int, m: int, dtype: torch.dtype, device: torch.device):
+        self.m = m
+        self.v = torch.full((n, m), float("inf"), dtype=dtype, device=device)
+        self.i = torch.zeros((n, m), dtype=torch.long, device=device)
+
+    def push(self, rows: slice, v: Tensor, col_start: int) -> None:
+        """Merge a tile's values (rows × columns starting at `col_start`) into the rows' running lists."""
+        thr = self.v[rows].amax(1)  # the current m-th smallest; +inf while a row's list is not full yet
+        if bool(torch.isinf(thr).any()):
+            self._merge(torch.arange(rows.start, rows.stop, device=v.device), *v.topk(
+                min(self.m, v.shape[1]), dim=1, largest=False, sorted=False), col_start)
+            return
+        hit = (v.amin(1) < thr).nonzero().squeeze(1)  # rows this tile improves (amin is much cheaper than a mask)
+        if not hit.numel():
+            return
+        if 4 * hit.numel() > v.shape[0]:  # usually a few entries per row: merge only those
+            ri, ci = (v < thr[:, None]).nonzero(as_tuple=True)
+        else:
+            ri, ci = (v[hit] < thr[hit, None]).nonzero(as_tuple=True)
+            ri = hit[ri]
+        touched, counts = ri.unique_consecutive(return_counts=True)
+        width = int(counts.max())
+        slot = torch.arange(ri.numel(), device=v.device) - (counts.cumsum(0) - counts).repeat_interleave(counts)
+        row = torch.arange(len(touched), device=v.device).repeat_interleave(counts)
+        pv = torch.full((len(touched), width), float("inf"), dtype=v.dtype, device=v.device)
+        pi = torch.zeros((len(touched), width), dtype=torch.long, device=v.device)
+        pv[row, slot], pi[row, slot] = v[ri, ci], ci
+        self._merge(touched + rows.start, pv, pi, col_start)
+
+    def _merge(self, rows: Tensor, tv: Tensor, ti: Tensor, col_start: int) -> None:
+        allv, alli = torch.cat([self.v[rows], tv], 1), torch.cat([self.i[rows], ti + col_start], 1)
+        bv, bi = allv.topk(self.m, dim=1, largest=False, sorted=False)
+        self.v[rows], self.i[rows] = bv, alli.gather(1, bi)
+
+
+def knn(
+    query: Points,
+    ref: Points,
+    k: int,
+    *,
+    self_index: Tensor | None = None,
+    col_scale2: Tensor | None = None,
+    block_size: int | None = None,
+) -> KNN:
+    """Exact k nearest references of every query row, ranked by `col_scale2[j]·d²(i, j)` (or d²).
+
+    `self_index[i]` is the index in `ref` of query i itself (same set), excluded by index."""
+    return scan(query, ref, k, self_index=self_index, col_scale2=col_scale2, block_size=block_size).exact
+
+
+def scan(
+    query: Points,
+    ref: Points,
+    k: int,
+    *,
+    self_index: Tensor | None = None,
+    col_scale2: Tensor | None = None,
+    width: int = 0,
+    dense: bool = False,
+    block_size: int | None = None,
+    _m: int | None = None,
+) -> Scan:
+    """`knn`, and from the same tiles the raw screened `width` nearest and/or the full raw matrix.
+
+    Exactness: with L ≤ true ≤ U per pair, the k nearest are among {j : L_j ≤ k-th smallest U}; only those not
+    already proven to be strictly inside (U_j < k-th smallest L) are recomputed exactly."""
+    n, n_ref, dev = len(query), len(ref), query.x.device
+    available = n_ref - (self_index is not None)
+    if not 0 < k <= available or width > available:
+        raise ValueError(f"k={k} and width={width} must be in 1..{available} (reference points excluding self)")
+    symmetric = query is ref and self_index is not None and bool(
+        (self_index == torch.arange(n, device=dev)).all())
+    dtype = query.c.dtype
+    m = min(available, _m or max(k + _EXTRA, width if col_scale2 is None else 0))
+    cands = _Running(n, m, dtype, dev)
+    raw = _Running(n, width, dtype, dev) if width and col_scale2 is not None else None
+    full = torch.empty(n, n_ref, dtype=torch.float64, device=dev) if dense else None
+    scale_c = col_scale2.to(dtype) if col_scale2 is not None else None
+    row_tiles, col_tiles = _tiles(n, block_size), _tiles(n_ref, block_size)
+    with _full_precision():
+        for ti, rows in enumerate(row_tiles):
+            for tj, cols in enumerate(col_tiles):
+                if symmetric and tj < ti:
+                    continue
+                s = _screen(query, rows, ref, cols)
+                if self_index is not None:
+                    own = self_index[rows]
+                    hit = (own >= cols.start) & (own < cols.stop)
+                    s[hit.nonzero().squeeze(1), own[hit] - cols.start] = float("inf")
+                views = [(rows, s, cols)] + ([(cols, s.T, rows)] if symmetric and tj > ti else [])
+                for r_sl, v, c_sl in views:
+                    if full is not None:
+                        full[r_sl, c_sl] = v.clamp(min=0)
+                    if raw is not None:
+                        raw.push(r_sl, v, c_sl.start)
+                    cands.push(r_sl, v * scale_c[None, c_sl] if scale_c is not None else v, c_sl.start)
+    values, index, overflow = _resolve(query, ref, k, cands, col_scale2, available)
+    if overflow.numel():  # near-ties beyond the kept candidates (rare): redo those rows with 4× as many
+        sub = scan(query.subset(overflow), ref, k, self_index=None if self_index is None else self_index[overflow],
+                   col_scale2=col_scale2, block_size=block_size, _m=4 * m)
+        values[overflow], index[overflow] = sub.exact.values, sub.exact.index
+    approx = None
+    if width:
+        src = raw or cands
+        v, order = src.v.topk(width, dim=1, largest=False, sorted=True)
+        approx = KNN(v.double().clamp_(min=0), src.i.gather(1, order))
+    return Scan(KNN(values, index), approx, full)
+
+
+def _resolve(
+    query: Points, ref: Points, k: int, cands: _Running, col_scale2: Tensor | None, available: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Exact k-NN from the screened candidates; also the rows whose candidates might miss a near-tie."""
+    s, idx = cands.v.double(), cands.i
+    coef = _coef(query)
+    scale = col_scale2[idx] if col_scale2 is not None else 1.0
+    band = (query.norm[:, None] + ref.norm[idx]).square_().mul_(coef) * scale
+    lower, upper = s - band, s + band
+    upper_k = upper.topk(k, dim=1, largest=False).values[:, -1:]  # ≥ the true k-th smallest value t_k
+    lower_k = lower.topk(k, dim=1, largest=False).values[:, -1:]  # ≤ t_k
+    overflow = torch.zeros(s.shape[0], dtype=torch.bool, device=s.device)
+    if cands.m < available:  # every non-candidate is ≥ the largest candidate's screened value
+        smax = col_scale2.max() if col_scale2 is not None else 1.0
+        worst = (query.norm + ref.norm.max()).square() * coef * smax
+        overflow = s.max(1).values - worst <= upper_k.squeeze(1)
+    sure = upper < lower_k  # proven strictly inside the k nearest: no exact value needed
+    unsure = (lower <= upper_k) & ~sure
+    qi, ci = unsure.nonzero(as_tuple=True)
+    e = _pairs_sq(query, qi, ref, idx[qi, ci])
+    val = torch.where(sure, s, float("inf"))
+    val[qi, ci] = e * col_scale2[idx[qi, ci]] if col_scale2 is not None else e
+    key = torch.where(sure, float("-inf"), val)  # the sure ones first, then the smallest exact values
+    pick = key.topk(k, dim=1, largest=False, sorted=False).indices
+    top, order = val.gather(1, pick).sort(dim=1)
+    return top, idx.gather(1, pick.gather(1, order)), overflow.nonzero().squeeze(1)
+
+
+def rerank(candidates: KNN, scale2: Tensor, k: int) -> KNN:
+    """The k nearest under `scale2[j]·d²` among each row's candidate lists (raw d² values)."""
+    v = candidates.values * scale2[candidates.index]
+    top, order = v.topk(k, dim=1, largest=False, sorted=True)
+    return KNN(top, candidates.index.gather(1, order))
+
+
+@dataclass
+class BallStats:
+    """Ball-membership results of a cross pass between queries Q (generated) and references R (real)."""
+
+    counts: Tensor  # (M,) int64: number of reference balls containing each query (precision, density)
+    covered: Tensor  # (N,) bool: reference ball holds at least one query (coverage)
+    inside: Tensor | None  # (N,) bool: reference point lies in at least one query ball (recall)
+    ambiguous: int  # pairs the screening bound could not decide (recomputed exactly)
+
+
+def ball_stats(
+    query: Points,
+    ref: Points,
+    ref_radius2: Tensor,
+    query_radius2: Tensor | None = None,
+    *,
+    query_scale2: Tensor | None = None,
+    ref_scale2: Tensor | None = None,
+    strict: bool = True,
+    block_size: int | None = None,
+) -> BallStats:
+    """One pass over all (query j, reference i) pairs deciding, exactly,
+    A: query_scale2[j]·d²(j, i) < ref_radius2[i]  (query j in reference i's ball), and
+    B: ref_scale2[i]·d²(j, i) < query_radius2[j]  (reference i in query j's ball; skipped without radii).
+    `strict=False` uses <= (Kynkäänniemi et al.) instead of < (prdc)."""
+    m, n, dev = len(query), len(ref), query.x.device
+    counts = torch.zeros(m, dtype=torch.long, device=dev)
+    covered = torch.zeros(n, dtype=torch.bool, device=dev)
+    inside = torch.zeros(n, dtype=torch.bool, device=dev) if query_radius2 is not None else None
+    ones_q, ones_r = torch.ones(m, dtype=torch.float64, device=dev), torch.ones(n, dtype=torch.float64, device=dev)
+    conds = [(query_scale2 if query_scale2 is not None else ones_q, ref_radius2, True, query_scale2 is None)]
+    if query_radius2 is not None:
+        conds.append((ref_scale2 if ref_scale2 is not None else ones_r, query_radius2, False, ref_scale2 is None))
+    coef, unit, dtype = _coef(query), _UNIT[query.c.dtype], query.c.dtype
+    ambiguous = 0
+    with _full_precision():
+        for rows in _tiles(m, block_size):
+            for cols in _tiles(n, block_size):
+                s = _screen(query, rows, ref, cols)
+                masks, near = [], None
+                rn_max = ref.norm[cols].max()
+                for scale, radius, on_query, unit_scale in conds:
+                    sc = scale[rows, None] if on_query else scale[None, cols]
+                    rad = radius[None, cols] if on_query else radius[rows, None]
+                    if unit_scale:  # one loose tolerance for the tile: thresholds are plain vectors, no float temporary
+                        tol = (query.norm[rows].max() + rn_max).square() * coef + 32 * unit * rad.max()
+                        sure_in = s < (rad - tol).to(dtype)
+                        amb = (s <= (rad + tol).to(dtype)).logical_and_(~sure_in)
+                    else:  # one loose tolerance per row (largest norm, scale and radius of the tile)
+                        tol = (query.norm[rows] + rn_max).square() * coef * sc.amax(1) + 32 * unit * rad.amax(1)
+                        t = (s * sc.to(dtype)).sub_(rad.to(dtype))
+                        tol = tol.to(dtype)[:, None]
+                        sure_in = t < -tol
+                        amb = t.abs_() <= tol
+                    masks.append(sure_in)
+                    near = amb if near is None else near.logical_or_(amb)
+                near_rows = near.view(torch.uint8).amax(1).nonzero().squeeze(1)  # u8 max: far cheaper than any()
+                qi, ri = near[near_rows].nonzero(as_tuple=True)
+                qi = near_rows[qi]
+                if qi.numel():
+                    gq, gr = qi + rows.start, ri + cols.start
+                    sp = s[qi, ri].double()
+                    band = (query.norm[gq] + ref.norm[gr]).square_().mul_(coef)
+                    todo = []
+                    for mask, (scale, radius, on_query, _) in zip(masks, conds, strict=True):
+                        sc = scale[gq] if on_query else scale[gr]
+                        rad = radius[gr] if on_query else radius[gq]
+                        t, tol = sp * sc - rad, band * sc + 32 * unit * rad
+                        mask[qi, ri] = t < -tol
+                        todo.append((t.abs() <= tol, mask, sc, rad))
+                    exact_needed = torch.stack([u for u, *_ in todo]).any(0)
+                    ambiguous += int(exact_needed.sum())
+                    if bool(exact_needed.any()):
+                        e = _pairs_sq(query, gq[exact_needed], ref, gr[exact_needed])
+                        cmp = torch.lt if strict else torch.le
+                        for _, mask, sc, rad in todo:
+                            mask[qi[exact_needed], ri[exact_needed]] = cmp(e * sc[exact_needed], rad[exact_needed])
+                a8 = masks[0].view(torch.uint8)
+                counts[rows] += a8.sum(1, dtype=torch.int32)
+                covered[cols] |= a8.amax(0).bool()
+                if inside is not None:
+                    inside[cols] |= masks[1].view(torch.uint8).amax(0).bool()
+    return BallStats(counts, covered, inside, ambiguous)

@@ -1,0 +1,126 @@
+"""Tables and plots for metric sweeps: rows of P/R/D/C per (configuration, correction), averaged over seeds."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+METRICS = ("precision", "recall", "density", "coverage")
+
+
+def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean and standard deviation over seeds of every metric, per (label, correction), in first-seen order."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        groups[(row["label"], row["correction"])].append(row)
+    out = []
+    for group in groups.values():
+        agg = {k: group[0][k] for k in ("label", "scenario", "d", "param", "correction")}
+        agg["seeds"] = len(group)
+        for key in (*METRICS, "hub_skew_real", "hub_skew_real_corrected", "seconds"):
+            values = [float(r[key]) for r in group]
+            mean = sum(values) / len(values)
+            agg[key] = mean
+            agg[key + "_std"] = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+        out.append(agg)
+    return out
+
+
+def markdown_table(agg: list[dict[str, Any]]) -> str:
+    """One line per configuration: S_Nk before → after, then P/R/D/C for each correction."""
+    corrections = list(dict.fromkeys(a["correction"] for a in agg))
+    by_label: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for a in agg:
+        by_label[a["label"]][a["correction"]] = a
+    head = ["configuration", "d", "seeds", "S_Nk real (raw → corrected)"] + [f"{c}: P / R / D / C" for c in corrections]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, per in by_label.items():
+        first = next(iter(per.values()))
+        after = [f"{a['hub_skew_real_corrected']:.2f}" for c, a in per.items() if c != "none"]
+        skew = f"{first['hub_skew_real']:.2f} → {after[0]}" if after else f"{first['hub_skew_real']:.2f}"
+        cells = [label, str(first["d"]), str(first["seeds"]), skew]
+        for c in corrections:
+            a = per.get(c)
+            cells.append(" / ".join(f"{a[m]:.3f}" for m in METRICS) if a else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_hubness(agg: list[dict[str, Any]], png: Path) -> None:
+    """Metric vs dimension (Gaussians, identical distributions), one line per correction, plus S_Nk."""
+    from matplotlib.figure import Figure
+
+    gauss = [a for a in agg if a["scenario"] == "gauss"]
+    corrections = list(dict.fromkeys(a["correction"] for a in gauss))
+    fig = Figure(figsize=(15, 3.3))
+    axes = fig.subplots(1, 5)
+    for ax, key in zip(axes, (*METRICS, "skew"), strict=True):
+        for c in corrections:
+            pts = sorted((a["d"], a) for a in gauss if a["correction"] == c)
+            ds = [d for d, _ in pts]
+            if key == "skew":
+                if c == "none":
+                    ax.plot(ds, [a["hub_skew_real"] for _, a in pts], marker="o", label="raw")
+                else:
+                    ax.plot(ds, [a["hub_skew_real_corrected"] for _, a in pts], marker="s", label=f"after {c}")
+                continue
+            ax.errorbar(ds, [a[key] for _, a in pts], yerr=[a[key + "_std"] for _, a in pts], marker="o",
+                        capsize=2, label=c)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="dimension d", title="k-occurrence skewness S_Nk" if key == "skew" else key)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("identical N(0, I) real and generated sets: ideal P = R = D = 1, C = 1 - 2^-k", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def plot_scenarios(agg: list[dict[str, Any]], png: Path) -> None:
+    """OOD contamination (precision and recall vs fraction) and digits mode dropping (recall, coverage)."""
+    from matplotlib.figure import Figure
+
+    corrections = list(dict.fromkeys(a["correction"] for a in agg))
+    fig = Figure(figsize=(13, 3.6))
+    ax1, ax2, ax3 = fig.subplots(1, 3)
+    ood = [a for a in agg if a["scenario"] == "ood"]
+    for c in corrections:
+        pts = sorted((a["param"], a) for a in ood if a["correction"] == c)
+        if pts:
+            ax1.plot([p for p, _ in pts], [a["precision"] for _, a in pts], marker="o", label=c)
+            ax2.plot([p for p, _ in pts], [a["recall"] for _, a in pts], marker="o", label=c)
+    if ood:
+        ax1.plot([0, 1], [1, 0], "k:", label="ideal (1 - p)")
+    ax1.set(xlabel="OOD fraction p of generated points", title="precision under OOD contamination")
+    ax2.set(xlabel="OOD fraction p", title="recall (ideal: flat)")
+    digits = [a for a in agg if a["scenario"] == "digits"]
+    labels = list(dict.fromkeys(a["label"] for a in digits))
+    width = 0.8 / max(1, 2 * len(corrections))
+    for ci, c in enumerate(corrections):
+        for mi, key in enumerate(("recall", "coverage")):
+            vals = [next((a[key] for a in digits if a["label"] == lab and a["correction"] == c), 0) for lab in labels]
+            pos = [i + (2 * ci + mi) * width for i in range(len(labels))]
+            ax3.bar(pos, vals, width, label=f"{key} {c}")
+    ax3.set_xticks([i + 0.4 - width / 2 for i in range(len(labels))],
+                   [lab.replace("digits", "").strip("_") or "same" for lab in labels], fontsize=7, rotation=20)
+    ax3.set(title="digits: generated classes < K (ideal R, C ≈ K/10)")
+    for ax in (ax1, ax2, ax3):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def write_report(rows: list[dict[str, Any]], out_dir: Path, name: str = "gicdm_eval") -> dict[str, Any]:
+    """`{name}.json` (rows and aggregates), `{name}.md` (table) and the PNGs in `out_dir`; returns the aggregates."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    agg = aggregate(rows)
+    (out_dir / f"{name}.json").write_text(json.dumps({"rows": rows, "aggregate": agg}, indent=2))
+    (out_dir / f"{name}.md").write_text(markdown_table(agg) + "\n")
+    if any(a["scenario"] == "gauss" for a in agg):
+        plot_hubness(agg, out_dir / "gicdm_hubness.png")
+    if any(a["scenario"] in ("ood", "digits") for a in agg):
+        plot_scenarios(agg, out_dir / "gicdm_scenarios.png")
+    return {"aggregate": agg}

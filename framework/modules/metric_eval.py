@@ -1,0 +1,105 @@
+"""A LightningModule that trains nothing and evaluates P/R/D/C (raw and corrected) on each validation batch.
+
+It lets `python -m framework.train` run metric experiments like any recipe: each validation batch is one
+configuration `{real, fake, label, scenario, d, param, seed}` (e.g. from `framework.data.hubness.HubnessSweep`),
+the optional `model` maps inputs to features, and at the end of validation the rows from every rank are gathered,
+averaged over seeds, logged as `{label}/{metric}_{correction}` and written as a table, JSON and plots into the run
+dir (`out_dir`, default the trainer's root dir). Training steps only advance the step counter: a placeholder
+parameter (always 0, lr 0) exists so that DDP can wrap the module and every step has a backward to sync.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+
+from framework.metrics.functional import CORRECTIONS, prdc
+from framework.metrics.report import METRICS, write_report
+
+
+class MetricEval(L.LightningModule):
+    """Evaluates `corrections` of P/R/D/C with neighbourhood size `k` on every validation configuration."""
+
+    def __init__(
+        self,
+        model: nn.Module | Callable[[], nn.Module] | None = None,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        k: int = 5,
+        corrections: list[str] = ("none", "gicdm"),
+        out_dir: str | None = None,
+        report_name: str = "gicdm_eval",
+    ):
+        super().__init__()
+        bad = [c for c in corrections if c not in CORRECTIONS]
+        if bad or not corrections:
+            raise ValueError(f"corrections={list(corrections)} must be non-empty, from {', '.join(CORRECTIONS)}")
+        if model is not None and not isinstance(model, nn.Module):
+            model = model()  # a registry partial (`model=NAME` on the command line)
+        if model is not None:  # a frozen feature extractor: nothing in it is trained or synced
+            model.eval().requires_grad_(False)
+        self.model = model  # None when the data are features already
+        self.k, self.corrections = k, list(corrections)
+        self.out_dir, self.report_name = out_dir, report_name
+        self.automatic_optimization = False
+        self.placeholder = nn.Parameter(torch.zeros(()))
+        self.rows: list[dict[str, Any]] = []
+        self.summary: dict[str, float] = {}
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD([self.placeholder], lr=0.0)  # nothing to train
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        self.manual_backward(self.placeholder * 0.0)  # DDP expects a backward after each forward
+        self.optimizers().step()  # only advances global_step
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        if self.model is None:
+            return x
+        with torch.no_grad():
+            return self.model(x).flatten(1)
+
+    def on_validation_epoch_start(self) -> None:
+        self.rows = []
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        real, fake = self.features(batch["real"]), self.features(batch["fake"])
+        meta = {k: (v.item() if torch.is_tensor(v) else v) for k, v in batch.items() if k not in ("real", "fake")}
+        for correction in self.corrections:
+            start = time.perf_counter()
+            out = prdc(real, fake, self.k, correction)
+            keep = {k: v for k, v in out.items() if isinstance(v, (int, float, str, bool))}
+            self.rows.append({**meta, **keep, "seconds": time.perf_counter() - start})
+
+    def on_validation_epoch_end(self) -> None:
+        rows = self.rows
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            gathered: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(gathered, rows)
+            rows = [r for part in gathered for r in part]
+        if not rows:
+            return
+        order = {c: i for i, c in enumerate(self.corrections)}
+        rows.sort(key=lambda r: (r.get("index", 0), order[r["correction"]]))
+        out = Path(self.out_dir or self.trainer.default_root_dir)
+        if self.trainer.is_global_zero:
+            agg = write_report(rows, out, self.report_name)["aggregate"]
+        else:
+            from framework.metrics.report import aggregate
+
+            agg = aggregate(rows)
+        self.summary = {}
+        for a in agg:
+            for key in METRICS:
+                self.summary[f"{a['label']}/{key}_{a['correction']}"] = a[key]
+            self.summary[f"{a['label']}/skew_raw"] = a["hub_skew_real"]
+            if a["correction"] != "none":
+                self.summary[f"{a['label']}/skew_{a['correction']}"] = a["hub_skew_real_corrected"]
+        for key, value in self.summary.items():
+            self.log(key, value, rank_zero_only=False, sync_dist=False)

@@ -1,0 +1,238 @@
+"""What every head-allocation probe shares: a frozen causal LM, one gate per KV head, evaluation with the real
+mixed KV cache at several sparsities, the in-place clamp, and the allocation written with the run.
+
+A probe needs a *trained* base. With `init_from=RUN_DIR_OR_REPO` the loaded model is probed as it is; without
+it, `pretrain_steps` teacher-forcing steps first train the base from the datamodule's `pretrain_dataloader()`
+(only while the base still holds the random weights it was built with, so a loaded model is never altered).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_only
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+
+from framework.models.transformer import check_window
+from framework.modules.base import TrainModule
+from framework.probes.allocation import HeadAllocation, select_full_heads
+from framework.probes.kv_cache import decode, decode_uncached
+from framework.probes.rewards import exact_match
+
+
+def _fingerprint(model: nn.Module) -> Tensor:
+    """Per-parameter (sum, sum of squares): changes when weights are loaded or trained."""
+    with torch.no_grad():
+        return torch.stack([torch.stack([p.double().sum(), p.double().square().sum()]) for p in model.parameters()])
+
+
+@torch.no_grad()
+def accuracy_at(model: nn.Module, prompt: Tensor, answer: Tensor, full_heads: Tensor | None, window: tuple[int, int],
+                eos_id: int, pad_id: int, reward: Callable[[Tensor, Tensor], Tensor] = exact_match) -> Tensor:
+    """Per-row reward of greedy decoding with the mixed KV cache (`full_heads` None: the standard cache)."""
+    out = decode(model, prompt, answer.shape[1], full_heads, window, eos_id=eos_id, pad_id=pad_id)
+    return reward(out, answer)
+
+
+class HeadProbe(TrainModule):
+    """A frozen causal LM (`self.model`) plus gates (depth, kv_heads) in [0, 1]; subclasses write `training_step`.
+
+    Validation logs `val/acc_full` (standard cache), `val/acc_s{s}` for each of `eval_sparsities` (hard
+    allocation by the gates, real mixed cache, greedy) and `val/acc_soft` (the soft-gated model). The
+    allocation is saved as `head_allocation.json` in the trainer's root dir at the end of fit.
+    """
+
+    method = "gates"
+
+    def __init__(self, model: nn.Module | Callable[..., nn.Module], optimizer: Any = None, scheduler: Any = None,
+                 vocab_size: int | None = None, sink: int = 1, recent: int = 4, init_gate: float = 1.0,
+                 sparsity: float = 0.5, eval_sparsities: Sequence[float] = (0.25, 0.5, 0.75),
+                 reward: Callable[[Tensor, Tensor], Tensor] = exact_match, pretrain_steps: int = 0,
+                 pretrain_lr: float = 1e-3, pretrain_batch_size: int = 64, prompt_length: int | None = None,
+                 max_new_tokens: int | None = None, eos_id: int | None = None, pad_id: int | None = None,
+                 save_allocation: bool = True):
+        super().__init__(model, optimizer, scheduler, **({"vocab_size": vocab_size} if vocab_size else {}))
+        blocks = getattr(self.model, "blocks", None)
+        if blocks is None or not all(b.attn.causal for b in blocks):
+            raise ValueError(f"{type(self.model).__name__} is not a causal TransformerLM: probes gate causal attention")
+        self.window = check_window((sink, recent))
+        if not 0.0 <= init_gate <= 1.0:
+            raise ValueError(f"init_gate={init_gate} must lie in [0, 1]")
+        if pretrain_steps < 0:
+            raise ValueError(f"pretrain_steps={pretrain_steps} must be >= 0")
+        self.eval_sparsities = [float(s) for s in eval_sparsities]
+        for s in [sparsity, *self.eval_sparsities]:
+            if not 0.0 <= s <= 1.0:
+                raise ValueError(f"sparsity {s} must lie in [0, 1] (the fraction of KV heads compressed)")
+        self.sparsity, self.reward, self.init_gate = float(sparsity), reward, float(init_gate)
+        self.pretrain_steps, self.pretrain_lr = int(pretrain_steps), float(pretrain_lr)
+        self.pretrain_batch_size = int(pretrain_batch_size)
+        self.prompt_length, self.max_new_tokens = prompt_length, max_new_tokens
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.save_allocation = save_allocation
+        self.gates = nn.Parameter(torch.full((len(blocks), blocks[0].attn.kv_heads), float(init_gate)))
+        self.model.requires_grad_(False)
+        self.register_buffer("_init_fingerprint", _fingerprint(self.model), persistent=False)
+        self.val_full, self.val_soft = MeanMetric(), MeanMetric()
+        self.val_acc = nn.ModuleList(MeanMetric() for _ in self.eval_sparsities)
+        self.pretrained_here: dict[str, float] = {}
+
+    # -- wiring ---------------------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        """Take what the data knows (prompt length, answer length, EOS/PAD ids) unless it was passed in."""
+        data = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        for name, attr in (("prompt_length", "prompt_length"), ("max_new_tokens", "max_new_tokens"),
+                           ("eos_id", "eos_id"), ("pad_id", "pad_id")):
+            if getattr(self, name) is None:
+                setattr(self, name, getattr(data, attr, None))
+        missing = [n for n in ("prompt_length", "max_new_tokens", "eos_id", "pad_id") if getattr(self, n) is None]
+        if missing:
+            raise ValueError(f"{type(self).__name__} needs {', '.join(missing)}: pass them, or use a datamodule that"
+                             " has them (e.g. pointer_chase)")
+
+    def configure_optimizers(self) -> Any:
+        factory = self.optimizer_factory or (lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.0))
+        optimizer = factory([("gates", self.gates)])
+        if self.scheduler_factory is None:
+            return optimizer
+        total = self.trainer.estimated_stepping_batches if self._trainer is not None else 1
+        total = int(total) if math.isfinite(total) else 1
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": self.scheduler_factory(optimizer, total_steps=total), "interval": "step"}}
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)
+        self.clamp_gates()
+
+    def clamp_gates(self) -> None:
+        """Project the gates back onto [0, 1] in place (an out-of-place `clamp` would silently do nothing)."""
+        with torch.no_grad():
+            self.gates.clamp_(0.0, 1.0)
+
+    def split(self, batch: Tensor) -> tuple[Tensor, Tensor]:
+        return batch[:, : self.prompt_length], batch[:, self.prompt_length :]
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.model.eval()  # the base is frozen: no dropout while probing
+
+    # -- pretraining the base when none was loaded ------------------------------------------------------------
+    def base_is_untouched(self) -> bool:
+        """True while the base holds exactly the random weights it was built with (no init_from, no checkpoint)."""
+        now = _fingerprint(self.model).to(self._init_fingerprint.device)
+        return now.shape == self._init_fingerprint.shape and bool(torch.equal(now, self._init_fingerprint))
+
+    def on_fit_start(self) -> None:
+        if self.pretrain_steps and self.base_is_untouched():
+            data = self.trainer.datamodule
+            if not hasattr(data, "pretrain_dataloader"):
+                raise ValueError(f"pretrain_steps={self.pretrain_steps} needs a datamodule with pretrain_dataloader()"
+                                 f" (e.g. pointer_chase), not {type(data).__name__}; or load a trained base with"
+                                 " init_from=... and set pretrain_steps=0")
+            self.pretrain_base(data.pretrain_dataloader(self.pretrain_batch_size), self.pretrain_steps)
+
+    def pretrain_base(self, loader: Any, steps: int) -> dict[str, float]:
+        """Teacher-force the base on the answer tokens for `steps` batches (AdamW, warm-up + cosine)."""
+        model = self.model
+        params = list(model.parameters())
+        model.requires_grad_(True)
+        model.train()
+        opt = torch.optim.AdamW(params, lr=self.pretrain_lr, betas=(0.9, 0.98), weight_decay=0.0)
+        warm = min(100, max(1, steps // 20))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / steps)))))
+        done, loss = 0, torch.tensor(float("nan"))
+        with torch.enable_grad():
+            while done < steps:
+                for batch in loader:
+                    batch = batch.to(self.device)
+                    start = self.prompt_length - 1  # score the answers only, like causal_lm's prompt_length
+                    logits = model(batch[:, :-1])[:, start:]
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1 + start :].flatten())
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    sched.step()
+                    done += 1
+                    if done >= steps:
+                        break
+        model.requires_grad_(False)
+        self.pretrained_here = {"pretrain_steps": float(steps), "pretrain_loss": float(loss.detach())}
+        return self.pretrained_here
+
+    # -- evaluation -------------------------------------------------------------------------------------------
+    def validation_step(self, batch: Tensor, batch_idx: int) -> None:
+        self.model.eval()
+        prompt, answer = self.split(batch)
+        args = (self.window, self.eos_id, self.pad_id, self.reward)
+        self.val_full.update(accuracy_at(self.model, prompt, answer, None, *args))
+        for s, metric in zip(self.eval_sparsities, self.val_acc, strict=True):
+            metric.update(accuracy_at(self.model, prompt, answer, select_full_heads(self.gates, s), *args))
+        soft = decode_uncached(self.model, prompt, answer.shape[1], gates=self.gates.detach(), window=self.window,
+                               eos_id=self.eos_id, pad_id=self.pad_id)
+        self.val_soft.update(self.reward(soft, answer))
+        self.log("val/acc_full", self.val_full)
+        self.log("val/acc_soft", self.val_soft)
+        for s, metric in zip(self.eval_sparsities, self.val_acc, strict=True):
+            self.log(f"val/acc_s{s:g}", metric, prog_bar=s == self.sparsity)
+        self.log("val/gate_mean", self.gates.detach().mean())
+
+    def test_step(self, batch: Tensor, batch_idx: int) -> None:
+        self.validation_step(batch, batch_idx)
+
+    # -- the artefact -----------------------------------------------------------------------------------------
+    def allocation(self, metrics: dict[str, float] | None = None) -> HeadAllocation:
+        """The learned gates as a shareable `HeadAllocation` (with the base model's registry-free config)."""
+        model = {"config": dict(getattr(self.model, "init_config", {}))}
+        return HeadAllocation.from_gates(self.gates, *self.window, sparsity=self.sparsity, method=self.method,
+                                         model=model, metrics=dict(metrics or {}))
+
+    @rank_zero_only
+    def on_fit_end(self) -> None:
+        if not self.save_allocation:
+            return
+        metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items()
+                   if k.startswith("val/acc") and torch.as_tensor(v).numel() == 1}
+        self.allocation(metrics).save(Path(self.trainer.default_root_dir))
+
+
+class RandomHeads(HeadProbe):
+    """The random-allocation baseline: gates ~ U(0, 1) from `seed`, so every sparsity compresses a random head set.
+
+    Nothing is trained: fit stops before the first step (after pretraining the base if asked), and validation
+    reports the accuracy of that random allocation.
+    """
+
+    method = "random"
+
+    def __init__(self, model: Any, optimizer: Any = None, scheduler: Any = None, seed: int = 0,
+                 vocab_size: int | None = None, sink: int = 1, recent: int = 4, init_gate: float = 1.0,
+                 sparsity: float = 0.5, eval_sparsities: Sequence[float] = (0.25, 0.5, 0.75),
+                 reward: Callable[[Tensor, Tensor], Tensor] = exact_match, pretrain_steps: int = 0,
+                 pretrain_lr: float = 1e-3, pretrain_batch_size: int = 64, prompt_length: int | None = None,
+                 max_new_tokens: int | None = None,
+                 eos_id: int | None = None, pad_id: int | None = None, save_allocation: bool = True):
+        super().__init__(model, optimizer, scheduler, vocab_size=vocab_size, sink=sink, recent=recent,
+                         init_gate=init_gate,
+                         sparsity=sparsity, eval_sparsities=eval_sparsities, reward=reward,
+                         pretrain_steps=pretrain_steps, pretrain_lr=pretrain_lr,
+                         pretrain_batch_size=pretrain_batch_size, prompt_length=prompt_length,
+                         max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
+                         save_allocation=save_allocation)
+        with torch.no_grad():
+            self.gates.copy_(torch.rand(self.gates.shape, generator=torch.Generator().manual_seed(seed)))
+        self.gates.requires_grad_(False)
+
+    def configure_optimizers(self) -> Any:
+        return None
+
+    def on_train_start(self) -> None:
+        self.trainer.should_stop = True
+
+    def training_step(self, batch: Tensor, batch_idx: int) -> None:
+        return None

@@ -1,0 +1,272 @@
+"""A mixed per-head KV cache for autoregressive decoding (the inference side of RLKV / DuoAttention).
+
+Full heads keep every key/value; compressed heads keep only the first `sink` positions and the last `recent`
+ones (a constant `sink + recent` entries, written into a ring). Keys are cached after rotation, so positions are
+never re-indexed. Caching is per KV head: a GQA group is never expanded before it is stored. Decoding with the
+cache gives the same tokens as the masked no-cache forward with hard 0/1 gates (`prefill="streaming"`).
+
+    tokens = decode(model, prompt, 16, full_heads=allocation.full_heads(0.5), window=(1, 4), eos_id=3)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from framework.models.transformer import check_window
+
+PREFILL_POLICIES = ("streaming", "full")
+
+
+class LayerKVCache:
+    """One layer's cache. `full` (kv_heads,) bool marks the heads that keep everything.
+
+    `prefill="streaming"`: compressed heads see only sink + recent keys from the first token on (what the masked
+    forward with gates 0 computes); `"full"`: the first call (the prompt) attends causally over everything,
+    then the compressed heads are truncated (the Hugging Face evaluation path of RLKV).
+    """
+
+    def __init__(self, full: Tensor, heads: int, sink: int, recent: int, capacity: int | None = None,
+                 prefill: str = "streaming"):
+        full = torch.as_tensor(full, dtype=torch.bool).flatten()
+        kv_heads = full.numel()
+        if heads % kv_heads:
+            raise ValueError(f"heads={heads} is not a multiple of the {kv_heads} KV heads in `full`")
+        if prefill not in PREFILL_POLICIES:
+            raise ValueError(f"prefill={prefill!r}; valid: {', '.join(PREFILL_POLICIES)}")
+        self.group, self.sink, self.recent = heads // kv_heads, sink, recent
+        self.capacity, self.prefill = capacity, prefill
+        self.full = full
+        self.full_idx, self.stream_idx = full.nonzero().flatten(), (~full).nonzero().flatten()
+        offsets = torch.arange(self.group)
+        self.q_full = (self.full_idx[:, None] * self.group + offsets).flatten()
+        self.q_stream = (self.stream_idx[:, None] * self.group + offsets).flatten()
+        self.length = 0
+        self.k_full: Tensor | None = None  # (batch, full heads, capacity, head_dim)
+        self.v_full: Tensor | None = None
+        self.k_stream: Tensor | None = None  # (batch, compressed heads, sink + recent, head_dim)
+        self.v_stream: Tensor | None = None
+        self.slot_pos = torch.full((sink + recent,), -1, dtype=torch.long)  # position held by each ring slot
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Store the new keys/values (batch, kv_heads, t, d) and return attention outputs (batch, heads, t, d)."""
+        start, t = self.length, q.shape[2]
+        out = q.new_empty(q.shape)
+        if self.full_idx.numel():
+            out[:, self.q_full] = self._attend_full(q[:, self.q_full], k[:, self.full_idx], v[:, self.full_idx])
+        if self.stream_idx.numel():
+            out[:, self.q_stream] = self._attend_stream(
+                q[:, self.q_stream], k[:, self.stream_idx], v[:, self.stream_idx]
+            )
+        self.length = start + t
+        return out
+
+    def _attend_full(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        start, t = self.length, q.shape[2]
+        end = start + t
+        if self.k_full is None or end > self.k_full.shape[2]:
+            size = max(end, self.capacity or 0, 2 * (0 if self.k_full is None else self.k_full.shape[2]))
+            k_new, v_new = (k.new_zeros(k.shape[0], k.shape[1], size, k.shape[3]) for _ in range(2))
+            if self.k_full is not None:
+                k_new[:, :, :start], v_new[:, :, :start] = self.k_full[:, :, :start], self.v_full[:, :, :start]
+            self.k_full, self.v_full = k_new, v_new
+        self.k_full[:, :, start:end], self.v_full[:, :, start:end] = k, v
+        mask = None if t == 1 else torch.ones(t, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
+        return F.scaled_dot_product_attention(
+            q, self.k_full[:, :, :end], self.v_full[:, :, :end], attn_mask=mask, enable_gqa=self.group > 1
+        )
+
+    def _slots(self, positions: Tensor) -> Tensor:
+        return torch.where(positions < self.sink, positions, self.sink + (positions - self.sink) % self.recent)
+
+    def _attend_stream(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        start, t = self.length, q.shape[2]
+        size = self.sink + self.recent
+        if self.k_stream is None:
+            self.k_stream, self.v_stream = (k.new_zeros(k.shape[0], k.shape[1], size, k.shape[3]) for _ in range(2))
+        gqa = self.group > 1
+        if t == 1:  # decoding: after the write, every held entry is within the sink or the recent window
+            slot = start if start < self.sink else self.sink + (start - self.sink) % self.recent
+            self.k_stream[:, :, slot], self.v_stream[:, :, slot] = k[:, :, 0], v[:, :, 0]
+            self.slot_pos[slot] = start
+            held = min(start + 1, size)
+            return F.scaled_dot_product_attention(
+                q, self.k_stream[:, :, :held], self.v_stream[:, :, :held], enable_gqa=gqa
+            )
+        positions = torch.arange(start, start + t)
+        held = min(start, size)
+        keys = torch.cat([self.k_stream[:, :, :held], k], dim=2)
+        values = torch.cat([self.v_stream[:, :, :held], v], dim=2)
+        key_pos = torch.cat([self.slot_pos[:held], positions])
+        mask = key_pos[None, :] <= positions[:, None]
+        if not (self.prefill == "full" and start == 0):
+            mask = mask & ((key_pos[None, :] < self.sink) | (positions[:, None] - key_pos[None, :] < self.recent))
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask.to(q.device), enable_gqa=gqa)
+        keep = (positions < self.sink) | (positions >= start + t - self.recent)
+        slots = self._slots(positions[keep])
+        self.k_stream.index_copy_(2, slots.to(k.device), k[:, :, keep.to(k.device)])
+        self.v_stream.index_copy_(2, slots.to(v.device), v[:, :, keep.to(v.device)])
+        self.slot_pos[slots] = positions[keep]
+        return out
+
+    def preload(self, k: Tensor, v: Tensor) -> None:
+        """Store keys/values (batch, kv_heads, t, d) of positions 0..t-1 without attending (what a prefill keeps):
+        full heads keep all t, compressed heads the sink and the last `recent`. Only on an empty cache."""
+        if self.length:
+            raise ValueError(f"preload needs an empty cache; this one holds {self.length} positions")
+        t = k.shape[2]
+        self.k_full = self.v_full = self.k_stream = self.v_stream = None
+        if self.full_idx.numel():
+            size = max(t, self.capacity or 0)
+            shape = (k.shape[0], self.full_idx.numel(), size, k.shape[3])
+            self.k_full, self.v_full = k.new_zeros(shape), v.new_zeros(shape)
+            self.k_full[:, :, :t], self.v_full[:, :, :t] = k[:, self.full_idx], v[:, self.full_idx]
+        if self.stream_idx.numel():
+            positions = torch.arange(t)
+            keep = (positions < self.sink) | (positions >= t - self.recent)
+            slots = self._slots(positions[keep])
+            shape = (k.shape[0], self.stream_idx.numel(), self.sink + self.recent, k.shape[3])
+            self.k_stream, self.v_stream = k.new_zeros(shape), v.new_zeros(shape)
+            self.k_stream[:, :, slots] = k[:, self.stream_idx][:, :, keep]
+            self.v_stream[:, :, slots] = v[:, self.stream_idx][:, :, keep]
+            self.slot_pos[slots] = positions[keep]
+        self.length = t
+
+    def entries(self) -> Tensor:
+        """How many positions each KV head holds: `length` for full heads, `min(length, sink + recent)` else."""
+        held = torch.full(self.full.shape, min(self.length, self.sink + self.recent), dtype=torch.long)
+        held[self.full] = self.length
+        return held
+
+    def nbytes(self, batch: int, head_dim: int, element_size: int) -> int:
+        """Bytes of the keys and values held (not the buffer capacity)."""
+        return int(self.entries().sum()) * 2 * batch * head_dim * element_size
+
+
+class MixedKVCache:
+    """The per-layer caches of a `TransformerLM`; pass it as `model(tokens, cache=cache)` to decode.
+
+    `full_heads` (depth, kv_heads) bool: True keeps the full cache; None keeps every head full (the standard
+    cache). `capacity` preallocates the full heads' buffers for that many positions (they grow otherwise).
+    """
+
+    def __init__(self, model: nn.Module, full_heads: Tensor | None = None, window: tuple[int, int] = (1, 4),
+                 capacity: int | None = None, prefill: str = "streaming"):
+        attn = [block.attn for block in model.blocks]
+        shape = (len(attn), attn[0].kv_heads)
+        full_heads = torch.ones(shape, dtype=torch.bool) if full_heads is None else torch.as_tensor(full_heads)
+        if tuple(full_heads.shape) != shape:
+            raise ValueError(f"full_heads of shape {tuple(full_heads.shape)} do not fit: expected (depth, kv_heads) "
+                             f"= {shape}")
+        if not all(a.causal for a in attn):
+            raise ValueError("a KV cache needs a causal model (causal=True)")
+        self.sink, self.recent = check_window(window)
+        self.full_heads = full_heads.bool().cpu()
+        self.head_dim = attn[0].head_dim
+        self.layers = [LayerKVCache(self.full_heads[i], a.heads, self.sink, self.recent, capacity, prefill)
+                       for i, a in enumerate(attn)]
+        self.length = 0
+
+    def preload(self, keys_values: list[tuple[Tensor, Tensor]]) -> None:
+        """Fill an empty cache with one (keys, values) pair per layer, each (batch, kv_heads, t, head_dim)."""
+        if len(keys_values) != len(self.layers):
+            raise ValueError(f"preload got {len(keys_values)} (keys, values) pairs for {len(self.layers)} layers")
+        for layer, (k, v) in zip(self.layers, keys_values, strict=True):
+            layer.preload(k, v)
+        self.length = self.layers[0].length
+
+    def advance(self, t: int) -> None:
+        """Called by the model after every forward: `t` more positions are cached."""
+        self.length += t
+
+    def entries(self) -> Tensor:
+        """Positions held per layer and KV head, (depth, kv_heads)."""
+        return torch.stack([layer.entries() for layer in self.layers])
+
+    def nbytes(self) -> int:
+        """Bytes of keys and values held over all layers (0 before the first forward)."""
+        first = next((x for layer in self.layers for x in (layer.k_full, layer.k_stream) if x is not None), None)
+        if first is None:
+            return 0
+        return sum(layer.nbytes(first.shape[0], self.head_dim, first.element_size()) for layer in self.layers)
+
+
+def kv_fraction(sparsity: float, length: int, window: int) -> float:
+    """Share of the full cache that a mixed cache holds at `length` tokens: (1 - s) + s · min(1, W / L)."""
+    return (1 - sparsity) + sparsity * min(1.0, window / length)
+
+
+def theoretical_speedup(sparsity: float, length: int, window: int) -> float:
+    """Memory-bound decode speed-up of the mixed cache: 1 / ((1 - s) + s · W / L) (RLKV README)."""
+    return 1.0 / kv_fraction(sparsity, length, window)
+
+
+def _pick(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _finish(tokens: Tensor, eos_id: int | None, pad_id: int | None) -> Tensor:
+    """Everything after a row's first EOS becomes `pad_id` (EOS itself when no pad id is given)."""
+    if eos_id is None:
+        return tokens
+    after = (tokens == eos_id).long().cumsum(1) - (tokens == eos_id).long() > 0
+    return tokens.masked_fill(after, eos_id if pad_id is None else pad_id)
+
+
+@torch.no_grad()
+def decode(model: nn.Module, prompt: Tensor, max_new_tokens: int, full_heads: Tensor | None = None,
+           window: tuple[int, int] = (1, 4), eos_id: int | None = None, pad_id: int | None = None,
+           temperature: float = 0.0, generator: torch.Generator | None = None, prefill: str = "streaming",
+           cache: MixedKVCache | None = None) -> Tensor:
+    """Generate (batch, max_new_tokens) tokens after equal-length `prompt`s with a mixed KV cache.
+
+    Greedy when `temperature <= 0`. Stops early once every row has emitted `eos_id`; later tokens are `pad_id`.
+    Pass your own `cache` to inspect it afterwards (its `full_heads`/window then apply).
+    """
+    if cache is None:
+        cache = MixedKVCache(model, full_heads, window, capacity=prompt.shape[1] + max_new_tokens, prefill=prefill)
+    logits = model(prompt, cache=cache)[:, -1]
+    out, done = [], torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
+    for step in range(max_new_tokens):
+        token = _pick(logits, temperature, generator)
+        out.append(token)
+        if eos_id is not None:
+            done |= token == eos_id
+            if bool(done.all()):
+                break
+        if step + 1 < max_new_tokens:
+            logits = model(token[:, None], cache=cache)[:, -1]
+    tokens = torch.stack(out, dim=1)
+    fill = eos_id if pad_id is None else pad_id
+    if tokens.shape[1] < max_new_tokens:
+        tokens = F.pad(tokens, (0, max_new_tokens - tokens.shape[1]), value=fill)
+    return _finish(tokens, eos_id, pad_id)
+
+
+@torch.no_grad()
+def decode_uncached(model: nn.Module, prompt: Tensor, max_new_tokens: int, gates: Tensor | None = None,
+                    window: tuple[int, int] | None = None, eos_id: int | None = None, pad_id: int | None = None,
+                    temperature: float = 0.0, generator: torch.Generator | None = None) -> Tensor:
+    """The reference decoder: re-run the (gated, masked) forward over the whole sequence for every new token.
+
+    With soft gates this is how a gated policy samples (no cache can hold a mix of full and streaming attention).
+    """
+    seq = prompt
+    done = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
+    for _ in range(max_new_tokens):
+        logits = model(seq, gates=gates, window=window)[:, -1] if gates is not None else model(seq)[:, -1]
+        token = _pick(logits, temperature, generator)
+        seq = torch.cat([seq, token[:, None]], dim=1)
+        if eos_id is not None:
+            done |= token == eos_id
+            if bool(done.all()):
+                break
+    tokens = seq[:, prompt.shape[1]:]
+    fill = eos_id if pad_id is None else pad_id
+    if tokens.shape[1] < max_new_tokens:
+        tokens = F.pad(tokens, (0, max_new_tokens - tokens.shape[1]), value=fill)
+    return _finish(tokens, eos_id, pad_id)

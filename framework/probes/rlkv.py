@@ -1,0 +1,107 @@
+"""RLKV: reinforcement learning as a probe for the heads that need a full KV cache (Du et al., ICML 2026).
+
+Per-KV-head gates alpha ∈ [0, 1] mix full and streaming (sink + recent) attention in a frozen LM. Rollouts are
+sampled from the gated policy itself, scored by a verifiable reward, and only the gates learn, by GRPO with
+group-normalised advantages plus an adaptive L1 penalty that switches off while the reward is low:
+
+    L = L_GRPO + c · β'(r̄, τ) · mean |alpha|,   β'(r̄, τ) = 1[r̄ > τ] · (e^r̄ − 1)
+
+After every optimiser step the gates are clamped to [0, 1] in place. At inference the heads above the
+sparsity quantile keep the full cache (`HeadAllocation.full_heads`). One policy update per batch of rollouts,
+so the PPO ratio is 1 and the clip is inactive: the loss is the plain policy gradient (as RLKV's on-policy case).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from framework.probes.base import HeadProbe
+from framework.probes.kv_cache import decode_uncached
+from framework.probes.rewards import exact_match
+
+
+def adaptive_penalty_weight(mean_reward: float, tau: float = 0.5) -> float:
+    """β'(r̄, τ) = 1[r̄ > τ] · (e^r̄ − 1): the sparsity pressure, off while the policy is failing."""
+    return math.expm1(float(mean_reward)) if float(mean_reward) > tau else 0.0
+
+
+def gate_penalty(gates: Tensor, mean_reward: float, tau: float = 0.5, scale: float = 1.0) -> Tensor:
+    """c · β'(r̄, τ) · mean |alpha|; its gradient is c · β' · sign(alpha) / n."""
+    return scale * adaptive_penalty_weight(mean_reward, tau) * gates.abs().mean()
+
+
+def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4) -> Tensor:
+    """GRPO advantages: each reward minus its group's mean, over the group's std (+eps); groups are consecutive."""
+    if rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of group_size={group_size}")
+    grouped = rewards.float().view(-1, group_size)
+    std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(grouped[:, :1])
+    return ((grouped - grouped.mean(dim=1, keepdim=True)) / (std + eps)).flatten()
+
+
+def answer_token_mask(generated: Tensor, eos_id: int) -> Tensor:
+    """True for generated tokens up to and including each row's first EOS (what the policy actually chose)."""
+    eos = (generated == eos_id).long()
+    return (eos.cumsum(dim=1) - eos) == 0
+
+
+class RLKVProbe(HeadProbe):
+    """GRPO on the gates of a frozen causal LM; rollouts from the gated policy (`group_size` per prompt).
+
+    `penalty` is c, `tau` the reward level below which the L1 switches off. `temperature` is the rollout
+    temperature (1.0 in RLKV for distilled models).
+    """
+
+    method = "rlkv"
+
+    def __init__(self, model: Any, optimizer: Any = None, scheduler: Any = None, group_size: int = 4,
+                 penalty: float = 0.5, tau: float = 0.5, temperature: float = 1.0, seed: int = 0,
+                 vocab_size: int | None = None, sink: int = 1, recent: int = 4, init_gate: float = 1.0,
+                 sparsity: float = 0.5, eval_sparsities: Sequence[float] = (0.25, 0.5, 0.75),
+                 reward: Callable[[Tensor, Tensor], Tensor] = exact_match, pretrain_steps: int = 0,
+                 pretrain_lr: float = 1e-3, pretrain_batch_size: int = 64, prompt_length: int | None = None,
+                 max_new_tokens: int | None = None,
+                 eos_id: int | None = None, pad_id: int | None = None, save_allocation: bool = True):
+        super().__init__(model, optimizer, scheduler, vocab_size=vocab_size, sink=sink, recent=recent,
+                         init_gate=init_gate,
+                         sparsity=sparsity, eval_sparsities=eval_sparsities, reward=reward,
+                         pretrain_steps=pretrain_steps, pretrain_lr=pretrain_lr,
+                         pretrain_batch_size=pretrain_batch_size, prompt_length=prompt_length,
+                         max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
+                         save_allocation=save_allocation)
+        if group_size < 2:
+            raise ValueError(f"group_size={group_size} must be >= 2 (advantages are normalised within a group)")
+        if penalty < 0 or temperature <= 0:
+            raise ValueError(f"penalty={penalty} must be >= 0 and temperature={temperature} > 0")
+        self.group_size, self.penalty, self.tau = int(group_size), float(penalty), float(tau)
+        self.temperature, self.seed = float(temperature), int(seed)
+
+    def rollouts(self, prompt: Tensor) -> Tensor:
+        """`group_size` samples per prompt from the current gated policy (no gradient); deterministic per step."""
+        g = torch.Generator(device=prompt.device).manual_seed(self.seed * 1_000_003 + self.global_step)
+        return decode_uncached(self.model, prompt.repeat_interleave(self.group_size, 0), self.max_new_tokens,
+                               gates=self.gates.detach(), window=self.window, eos_id=self.eos_id, pad_id=self.pad_id,
+                               temperature=self.temperature, generator=g)
+
+    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        prompt, answer = self.split(batch)
+        generated = self.rollouts(prompt)
+        rewards = self.reward(generated, answer.repeat_interleave(self.group_size, 0)).detach()
+        adv = group_advantages(rewards, self.group_size)
+        seq = torch.cat([prompt.repeat_interleave(self.group_size, 0), generated], dim=1)
+        logits = self.model(seq[:, :-1], gates=self.gates, window=self.window)[:, self.prompt_length - 1 :]
+        logp = F.log_softmax(logits.float(), dim=-1).gather(-1, generated[..., None]).squeeze(-1)
+        mask = answer_token_mask(generated, self.eos_id).float()
+        policy = -(adv[:, None] * logp * mask).sum() / mask.sum().clamp(min=1)
+        mean_reward = float(rewards.mean())
+        penalty = gate_penalty(self.gates, mean_reward, self.tau, self.penalty)
+        self.log("train/reward", mean_reward, prog_bar=True)
+        self.log_dict({"train/penalty_weight": adaptive_penalty_weight(mean_reward, self.tau),
+                       "train/gate_mean": self.gates.detach().mean(), "train/policy_loss": policy.detach()})
+        return policy + penalty

@@ -1,0 +1,99 @@
+"""The torchmetrics `GICDM` (states, reset, feature extractor, registry) and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from helpers import run_cli
+from torch import nn
+
+from framework.metrics import GICDM, prdc
+from framework.registry import METRICS
+
+torch.set_num_threads(1)
+KEYS = ("precision", "recall", "density", "coverage", "hub_skew_real", "hub_skew_real_corrected")
+
+
+def sets(seed: int = 0, n: int = 300, m: int = 240, d: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d, generator=g), torch.randn(m, d, generator=g) * 1.1
+
+
+def as_floats(out: dict) -> dict:
+    return {k: float(out[k]) for k in KEYS}
+
+
+@pytest.mark.parametrize("correction", ["none", "gicdm"])
+def test_metric_in_batches_equals_the_functional_on_the_concatenated_sets(correction):
+    real, fake = sets()
+    metric = GICDM(k=5, correction=correction)
+    for chunk in real.split(64):
+        metric.update(chunk, real=True)
+    for chunk in fake.split(50):
+        metric.update(chunk, real=False)
+    out = metric.compute()
+    ref = prdc(real, fake, 5, correction)
+    assert out["correction"] == correction
+    assert as_floats(out) == pytest.approx({k: ref[k] for k in KEYS}, abs=1e-6)  # tensors are float32
+
+
+def test_states_are_lists_that_sync_by_concatenation_and_reset_keeps_real_features_on_request():
+    real, fake = sets()
+    metric = GICDM(k=3, correction="none", reset_real_features=False)
+    assert metric._reductions["real_features"].__name__ == "dim_zero_cat"
+    metric.update(real, real=True)
+    metric.update(fake, real=False)
+    metric.reset()
+    assert len(metric.real_features) == 1 and metric.fake_features == []
+    metric.update(fake[:100], real=False)
+    assert as_floats(metric.compute()) == pytest.approx(as_floats(prdc(real, fake[:100], 3)), abs=1e-6)
+    fresh = GICDM(k=3, correction="none")
+    fresh.update(real, real=True)
+    fresh.reset()
+    with pytest.raises(RuntimeError, match="needs real and generated features; got 0 real"), pytest.warns(UserWarning):
+        fresh.compute()
+
+
+def test_feature_extractor_maps_inputs_and_a_timm_backbone_plugs_in():
+    timm = pytest.importorskip("timm")
+    backbone = timm.create_model("resnet10t", pretrained=False, num_classes=0)
+    metric = GICDM(feature=backbone, k=3, correction="icdm")
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(24, 3, 32, 32, generator=g)
+    metric.update(images[:12], real=True)
+    metric.update(images[12:], real=False)
+    assert metric.real_features[0].shape == (12, backbone.num_features)
+    assert backbone.training  # the extractor ran in eval mode and was put back
+    with torch.no_grad():
+        feats = backbone.eval()(images)
+    out = metric.compute()
+    assert float(out["precision"]) == pytest.approx(prdc(feats[:12], feats[12:], 3, "icdm")["precision"], abs=1e-6)
+
+
+def test_registered_as_gicdm_and_bad_arguments_are_named():
+    assert isinstance(METRICS.build("gicdm"), GICDM)
+    with pytest.raises(ValueError, match="correction='hub' is not one of"):
+        GICDM(correction="hub")
+    with pytest.raises(TypeError, match="feature must be an nn.Module"):
+        GICDM(feature="dinov2")
+    with pytest.raises(ValueError, match="k=0 must be a positive integer"):
+        GICDM(k=0)
+    assert isinstance(GICDM(feature=nn.Identity()).feature, nn.Identity)
+
+
+def test_cli_prints_the_metrics_as_json(tmp_path):
+    real, fake = sets(1, 200, 150, 16)
+    np.save(tmp_path / "real.npy", real.numpy())
+    np.save(tmp_path / "fake.npy", fake.numpy())
+    proc = run_cli(str(tmp_path / "real.npy"), str(tmp_path / "fake.npy"), "--k", "4", "--correction", "gicdm",
+                   module="framework.metrics", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    ref = prdc(real, fake, 4, "gicdm")
+    assert {k: out[k] for k in KEYS} == {k: ref[k] for k in KEYS}
+    assert out["correction"] == "gicdm" and out["n_real"] == 200 and out["dim"] == 16
+    bad = run_cli(str(tmp_path / "real.npy"), str(tmp_path / "missing.npy"), module="framework.metrics", timeout=300)
+    assert bad.returncode != 0 and "no such features file" in bad.stderr

@@ -1,0 +1,148 @@
+"""P/R/D/C: `framework.metrics.prdc` (raw and GICDM-corrected) vs `prdc.compute_prdc`, side by side.
+
+Every measurement runs in a fresh subprocess on the same data (N = M points of N(0, I_768), float32, fixed
+seed) with the same BLAS/torch thread count. The default is 1: on a shared 2-core machine torch's OpenMP
+intra-op threads ran 4x slower with 2 threads than with 1 whenever another process held a core. prdc still runs
+its pairwise distances in 8 joblib threads, as shipped, so it can use both cores. Peak memory is the process's
+peak resident set size (`ru_maxrss`) minus its value just before the call (after imports, data and a small
+warm-up call), so numpy/sklearn and torch are measured the same way; for prdc, tracemalloc's peak of the numpy
+allocations is shown too (a cross-check).
+
+    python tools/bench/gicdm.py [--quick] [--sizes 2000 5000 10000] [--big 50000 [--big-gicdm]] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DIM = 768
+
+
+def _data(n: int, d: int):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((n, d), dtype=np.float32), rng.standard_normal((n, d), dtype=np.float32)
+
+
+def worker(method: str, n: int, d: int, threads: int) -> dict:
+    """One measurement (run inside a fresh process): seconds, peak RSS increase (MiB), the metrics."""
+    import tracemalloc
+
+    import numpy as np
+
+    if method == "prdc":
+        import prdc as prdc_pkg
+        from threadpoolctl import threadpool_limits
+
+        def call(a, b):
+            with threadpool_limits(threads), contextlib.redirect_stdout(io.StringIO()):
+                return {k: float(v) for k, v in prdc_pkg.compute_prdc(a, b, nearest_k=5).items()}
+    else:
+        import torch
+
+        sys.path.insert(0, str(REPO))
+        from framework.metrics import prdc
+
+        torch.set_num_threads(threads)
+        correction = "gicdm" if method == "ours_gicdm" else "none"
+
+        def call(a, b):
+            out = prdc(torch.from_numpy(a), torch.from_numpy(b), 5, correction)
+            return {k: out[k] for k in ("precision", "recall", "density", "coverage")}
+
+    real, fake = _data(n, d)
+    call(real[:64].copy(), fake[:64].copy())  # warm-up: lazily loaded libraries and BLAS buffers
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if method == "prdc":
+        tracemalloc.start()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    start = time.perf_counter()
+    metrics = call(real, fake)
+    seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime  # all threads: the work done
+    traced = tracemalloc.get_traced_memory()[1] / 2**20 if method == "prdc" else None
+    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024  # KiB on Linux
+    del np
+    return {"method": method, "n": n, "d": d, "threads": threads, "seconds": seconds, "cpu_seconds": cpu,
+            "peak_mib": peak,
+            "traced_mib": traced, "metrics": metrics}
+
+
+def measure(method: str, n: int, d: int, threads: int) -> dict:
+    env = {**os.environ, **{v: str(threads) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}}
+    proc = subprocess.run([sys.executable, __file__, "--worker", method, str(n), str(d), str(threads)],
+                          capture_output=True, text=True, env=env, check=False)
+    if proc.returncode:
+        raise RuntimeError(f"{method} at N={n} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def table(rows: list[dict], big: list[dict]) -> str:
+    lines = [
+        f"P/R/D/C, N = M points of N(0, I_{DIM}) float32, k = 5, {rows[0]['threads'] if rows else '-'} thread(s);"
+        " wall seconds (CPU seconds of all threads); peak = increase of the process's peak RSS during the call",
+        "",
+        "| N = M | prdc s | prdc peak MiB (numpy traced) | ours raw s | ours raw peak MiB | speed-up raw wall (CPU) |"
+        " memory ratio raw | ours gicdm s | ours gicdm peak MiB | metrics equal prdc |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    by = {(r["method"], r["n"]): r for r in rows}
+    for n in sorted({r["n"] for r in rows}):
+        p, o, g = by[("prdc", n)], by[("ours_raw", n)], by[("ours_gicdm", n)]
+        lines.append(
+            f"| {n} | {p['seconds']:.1f} ({p['cpu_seconds']:.1f}) | {p['peak_mib']:.0f} ({p['traced_mib']:.0f}) |"
+            f" {o['seconds']:.1f} ({o['cpu_seconds']:.1f}) | {o['peak_mib']:.0f} | {p['seconds'] / o['seconds']:.1f}x"
+            f" ({p['cpu_seconds'] / o['cpu_seconds']:.1f}x) | 1/{p['peak_mib'] / max(o['peak_mib'], 1):.0f}"
+            f" | {g['seconds']:.1f} ({g['cpu_seconds']:.1f}) | {g['peak_mib']:.0f} | {o['metrics'] == p['metrics']} |"
+        )
+    for r in big:
+        lines.append(f"| {r['n']} (ours only) | - | - | {r['seconds']:.1f} | {r['peak_mib']:.0f} | - | - |"
+                     f" {r.get('gicdm_seconds', float('nan')):.1f} | {r.get('gicdm_peak_mib', float('nan')):.0f} | - |")
+    return "\n".join(lines)
+
+
+def main(quick: bool = False, sizes: list[int] | None = None, big: list[int] | None = None, threads: int = 1,
+         big_gicdm: bool = False) -> str:
+    """Run the side-by-side measurements and return the markdown table."""
+    sizes = sizes or ([1000, 2000] if quick else [2000, 5000, 10000])
+    rows = []
+    for n in sizes:
+        for method in ("prdc", "ours_raw", "ours_gicdm"):
+            rows.append(measure(method, n, DIM, threads))
+            print(f"  {method:10s} N={n:6d}: {rows[-1]['seconds']:7.1f} s ({rows[-1]['cpu_seconds']:.1f} CPU s),"
+                  f" {rows[-1]['peak_mib']:7.0f} MiB",
+                  file=sys.stderr, flush=True)
+    big_rows = []
+    for n in [] if quick else (big or []):
+        r = measure("ours_raw", n, DIM, threads)
+        if big_gicdm:
+            g = measure("ours_gicdm", n, DIM, threads)
+            r.update(gicdm_seconds=g["seconds"], gicdm_peak_mib=g["peak_mib"])
+        big_rows.append(r)
+    return table(rows, big_rows)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        print(json.dumps(worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))))
+        raise SystemExit(0)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="N = 1000, 2000 only (about a minute)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=None)
+    parser.add_argument("--big", type=int, nargs="*", default=[], help="ours only, e.g. --big 50000 (minutes)")
+    parser.add_argument("--big-gicdm", action="store_true", help="also time the GICDM path at the --big sizes")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    print(main(args.quick, args.sizes, args.big, args.threads, args.big_gicdm))
