@@ -156,6 +156,26 @@ def test_out_of_range_value_is_refused_naming_the_value(kind, name):
     assert not isinstance(err.value, (AssertionError, KeyError, AttributeError)), repr(err.value)
 
 
+# -- empty or too-short datasets: refused when the data are built, naming the size and what it must be -----------
+@pytest.mark.parametrize(
+    ("name", "kwargs", "pattern"),
+    [
+        ("needle", {"n_train": 0}, r"n_train=0 must be >= 1"),
+        ("kv_recall", {"n_val": 0}, r"n_val=0 must be >= 1"),
+        ("pointer_chase", {"n_train": 0, "n_val": 0}, r"n_train=0, n_val=0 must be >= 1"),
+        ("needle", {"n_train": 4, "batch_size": 64}, r"dataset of 4 samples is too short for 1 rank\(s\) × batch_size 64"),
+        ("byte_corpus", {"max_bytes": 50, "seq_len": 128}, r"corpus split of \d+ bytes is shorter than seq_len\+1=129"),
+        ("synth_classes", {"n_samples": 5}, r"dataset of \d samples is too short for 1 rank\(s\) × batch_size 128"),
+        ("digits", {"batch_size": 100_000}, r"dataset of \d+ samples is too short for 1 rank\(s\) × batch_size 100000"),
+    ],
+)
+def test_an_empty_or_too_short_dataset_is_refused_with_its_size(name, kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        data = KINDS["data"].build(name, **{"seed": 0, **kwargs})
+        data.setup("fit")
+        data.train_dataloader()
+
+
 # -- through the real CLI: nothing is lost, one error line, exit code 2 --------------------------------------
 def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}

@@ -16,7 +16,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from framework.data.needle import with_masks
-from framework.data.resumable import SplitData
+from framework.data.resumable import SplitData, check_split_sizes
 
 PAD, MASK, BOS, SEP, EOS = range(5)
 FIRST_KEY = 5  # keys are FIRST_KEY .. FIRST_KEY + n_keys - 1; values follow them
@@ -154,6 +154,7 @@ class KVRecallData(SplitData):
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1")
         self.n_pairs, self.n_keys, self.n_values, self.max_eos = n_pairs, n_keys, n_values, max_eos
+        check_split_sizes(n_train=n_train, n_val=n_val, batch_size=batch_size)
         self.n_train, self.n_val, self.batch_size, self.seed = n_train, n_val, batch_size, seed
         self.num_workers = num_workers
         self.vocab_size = FIRST_KEY + n_keys + n_values

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from framework.data.resumable import SplitData
+from framework.data.resumable import SplitData, check_split_sizes
 
 PAD, MASK, BOS, SEP, EOS, NDL = range(6)
 FIRST_SYMBOL = 6  # content tokens are FIRST_SYMBOL .. FIRST_SYMBOL + n_symbols - 1
@@ -154,6 +154,7 @@ class NeedleData(SplitData):
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1")
         self.n_symbols, self.context_len, self.max_eos = n_symbols, context_len, max_eos
+        check_split_sizes(n_train=n_train, n_val=n_val, batch_size=batch_size)
         self.n_train, self.n_val, self.batch_size, self.seed = n_train, n_val, batch_size, seed
         self.num_workers = num_workers
         self.vocab_size = FIRST_SYMBOL + n_symbols

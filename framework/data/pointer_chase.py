@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from framework.data.resumable import SplitData, train_loader
+from framework.data.resumable import SplitData, check_split_sizes, train_loader
 
 PAD, BOS, SEP, EOS = range(4)
 FIRST_SYMBOL = 4
@@ -108,6 +108,7 @@ class PointerChaseData(SplitData):
             raise ValueError(f"batch_size={batch_size} and val_batch_size={val_batch_size} must be >= 1")
         self.n_pairs, self.n_symbols, self.hops, self.train_task = n_pairs, n_symbols, hops, train_task
         self.distinct_answers = distinct_answers
+        check_split_sizes(n_train=n_train, n_val=n_val, batch_size=batch_size)
         self.n_train, self.n_val, self.batch_size, self.seed = n_train, n_val, batch_size, seed
         self.val_batch_size = val_batch_size
         self.num_workers = num_workers

@@ -83,6 +83,13 @@ def train_loader(dataset: Dataset, batch_size: int, seed: int, trainer: Any = No
     return ResumableLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, **kw)
 
 
+def check_split_sizes(**sizes: int) -> None:
+    """Refuse empty splits and batches by name: `check_split_sizes(n_train=0, ...)` → "n_train=0 must be >= 1"."""
+    bad = [f"{key}={value!r}" for key, value in sizes.items() if not isinstance(value, int) or value < 1]
+    if bad:
+        raise ValueError(f"{', '.join(bad)} must be >= 1 (a split or batch cannot be empty)")
+
+
 class SplitData(L.LightningDataModule):
     """A DataModule with `train_set` / `val_set`: resumable, self-sharding training loader; the validation
     split doubles as the test split. Subclasses set `batch_size`, `seed`, `num_workers` and build the sets."""

@@ -32,14 +32,26 @@ class TrainModule(L.LightningModule):
         self.scheduler_factory = scheduler
 
     def configure_optimizers(self) -> Any:
-        params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        factory = self.optimizer_factory or (lambda ps: torch.optim.AdamW(ps, lr=1e-3))
-        optimizer = factory(params)
+        factory = self.optimizer_factory or self.default_optimizer
+        optimizer = factory(self.optimized_parameters())
         if self.scheduler_factory is None:
             return optimizer
-        total = self.trainer.estimated_stepping_batches if self._trainer is not None else 1
+        total = self.total_training_steps() if self._trainer is not None else 1
         total = int(total) if math.isfinite(total) else 1
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": self.scheduler_factory(optimizer, total_steps=total), "interval": "step"},
         }
+
+    def optimized_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """(name, parameter) pairs the optimizer gets: the model's trainable ones."""
+        return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+
+    @staticmethod
+    def default_optimizer(params: Any) -> torch.optim.Optimizer:
+        """The optimizer when none is given."""
+        return torch.optim.AdamW(params, lr=1e-3)
+
+    def total_training_steps(self) -> float:
+        """The optimizer steps the LR schedule is planned over (may be inf: then the schedule gets 1)."""
+        return self.trainer.estimated_stepping_batches

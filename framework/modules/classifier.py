@@ -7,10 +7,8 @@ the penultimate `features`, so a selection policy can score every sample without
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
@@ -68,16 +66,6 @@ class Classifier(TrainModule):
     def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self.validation_step(batch, batch_idx)
 
-    def configure_optimizers(self) -> Any:
-        """As TrainModule, but the schedule's length comes from the selection plan when data are pruned."""
-        params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        factory = self.optimizer_factory or (lambda ps: torch.optim.AdamW(ps, lr=1e-3))
-        optimizer = factory(params)
-        if self.scheduler_factory is None:
-            return optimizer
-        total = stepping_batches(self.trainer) if self._trainer is not None else 1
-        total = int(total) if math.isfinite(total) else 1
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": self.scheduler_factory(optimizer, total_steps=total), "interval": "step"},
-        }
+    def total_training_steps(self) -> float:
+        """The schedule's length comes from the selection plan when data are pruned."""
+        return stepping_batches(self.trainer)

@@ -96,15 +96,13 @@ class HeadProbe(TrainModule):
             raise ValueError(f"{type(self).__name__} needs {', '.join(missing)}: pass them, or use a datamodule that"
                              " has them (e.g. pointer_chase)")
 
-    def configure_optimizers(self) -> Any:
-        factory = self.optimizer_factory or (lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.0))
-        optimizer = factory([("gates", self.gates)])
-        if self.scheduler_factory is None:
-            return optimizer
-        total = self.trainer.estimated_stepping_batches if self._trainer is not None else 1
-        total = int(total) if math.isfinite(total) else 1
-        return {"optimizer": optimizer,
-                "lr_scheduler": {"scheduler": self.scheduler_factory(optimizer, total_steps=total), "interval": "step"}}
+    def optimized_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """Only the gates train; the base model stays frozen."""
+        return [("gates", self.gates)]
+
+    @staticmethod
+    def default_optimizer(params: Any) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0)
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)
