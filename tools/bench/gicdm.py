@@ -1,14 +1,15 @@
 """P/R/D/C: `framework.metrics.prdc` (raw and GICDM-corrected) vs `prdc.compute_prdc`, side by side.
 
 Every measurement runs in a fresh subprocess on the same data (N = M points of N(0, I_768), float32, fixed
-seed) with the same BLAS/torch thread count. The default is 1: on a shared 2-core machine torch's OpenMP
-intra-op threads ran 4x slower with 2 threads than with 1 whenever another process held a core. prdc still runs
-its pairwise distances in 8 joblib threads, as shipped, so it can use both cores. Peak memory is the process's
+seed) with the same BLAS/torch thread count, by default every core up to 8: prdc runs its pairwise distances in
+8 joblib threads as shipped, so it uses up to 8 cores, and ours gets as many torch threads. Run it on a quiet
+machine: torch's OpenMP threads stall whenever another process holds one of their cores (on a loaded 2-core
+machine 2 threads ran 4x slower than 1); `--threads 1` is the robust choice there. Peak memory is the process's
 peak resident set size (`ru_maxrss`) minus its value just before the call (after imports, data and a small
 warm-up call), so numpy/sklearn and torch are measured the same way; for prdc, tracemalloc's peak of the numpy
 allocations is shown too (a cross-check).
 
-    python tools/bench/gicdm.py [--quick] [--sizes 2000 5000 10000] [--big 50000 [--big-gicdm]] [--threads 1]
+    python tools/bench/gicdm.py [--quick] [--sizes 2000 5000 10000] [--big 50000 [--big-gicdm]] [--threads N]
 """
 
 from __future__ import annotations
@@ -143,6 +144,7 @@ if __name__ == "__main__":
     parser.add_argument("--sizes", type=int, nargs="+", default=None)
     parser.add_argument("--big", type=int, nargs="*", default=[], help="ours only, e.g. --big 50000 (minutes)")
     parser.add_argument("--big-gicdm", action="store_true", help="also time the GICDM path at the --big sizes")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 1),
+                        help="torch and BLAS threads for both (default: the cores, at most 8, as prdc's joblib)")
     args = parser.parse_args()
     print(main(args.quick, args.sizes, args.big, args.threads, args.big_gicdm))
