@@ -94,6 +94,7 @@ def main() -> int:
     extra = ["--quick"] if args.quick else []
 
     started = dt.datetime.now(dt.timezone.utc)
+    commit = _git_head(args.out, assets)  # before the run: the code measured, not the files it writes
     sections, failed = [], []
     for script in scripts:
         print(f"\n=== {script.name} ===", flush=True)
@@ -117,7 +118,7 @@ def main() -> int:
         "",
         f"- date: {started:%Y-%m-%d %H:%M} UTC",
         f"- machine: {machine()}",
-        f"- commit: {_git_head()}",
+        f"- commit: {commit}",
         "",
     ]
     args.out.write_text("\n".join(header) + "\n" + "\n".join(sections))
@@ -125,10 +126,13 @@ def main() -> int:
     return 1 if failed else 0
 
 
-def _git_head() -> str:
+def _git_head(*outputs: Path) -> str:
+    """The commit, marked when the tree differs from it (the benchmark outputs themselves aside)."""
+    skip = [f":(exclude){os.path.relpath(p, REPO)}" for p in outputs if REPO in p.resolve().parents]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", ".", *skip], cwd=REPO, capture_output=True,
+                               text=True).stdout
         return head.stdout.strip() + (" (with uncommitted changes)" if dirty.strip() else "")
     except OSError:
         return "unknown"
