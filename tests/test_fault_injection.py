@@ -1,10 +1,12 @@
 """Every recipe, killed with SIGKILL mid-training and resumed from its last checkpoint, ends bitwise equal to an
-uninterrupted run: weights, optimizer state (OLion momentum included) and the callbacks' states."""
+uninterrupted run: weights, optimizer state (OLion momentum included) and the callbacks' states. One small case
+per recipe runs by default; the longer runs killed at a random step are marked `slow` (`make test-slow`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import zlib
@@ -80,3 +82,29 @@ def test_recipe_runs_and_a_sigkilled_run_resumes_bitwise_equal(tmp_path, name):
     a, b = _state(full / "checkpoints" / "last.ckpt"), _state(resumed / "checkpoints" / "last.ckpt")
     assert a["global_step"] == b["global_step"] == steps
     _assert_same(a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", RECIPES.names())
+def test_a_longer_run_killed_at_a_random_step_resumes_bitwise_equal(tmp_path, name):
+    """40 steps (several epochs of the smallest datasets, validation every 10), killed at a step drawn at random
+    (seeded by the recipe's name and FAULT_SEED, printed on failure), resumed, compared bitwise."""
+    seed = os.environ.get("FAULT_SEED", "0")
+    steps = 40
+    kill_at = random.Random(f"{name}/{seed}").randrange(2, steps)
+    args = [f"recipe={name}", *SMOKE[name], f"trainer.max_steps={steps}", "trainer.val_check_interval=10",
+            "callbacks.checkpoint.every_n_train_steps=1"]
+    full, cut, resumed = tmp_path / "full", tmp_path / "cut", tmp_path / "resumed"
+    ref = _start([*args, f"hydra.run.dir={full}"])
+    killed = _start([*args, *KILL, f"+callbacks.kill.step={kill_at}", f"hydra.run.dir={cut}"])
+    (code, err), (kcode, kerr) = _finish(ref, timeout=1800), _finish(killed, timeout=1800)
+    where = f"(kill at step {kill_at}, FAULT_SEED={seed})"
+    assert code == 0, err[-3000:]
+    assert kcode == -9, f"not killed by SIGKILL {where} (exit {kcode}):\n{kerr[-3000:]}"
+    assert _state(cut / "checkpoints" / "last.ckpt")["global_step"] == kill_at
+    code, err = _finish(_start([*args, f"ckpt_path={cut / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={resumed}"]),
+                        timeout=1800)
+    assert code == 0, f"{where}\n{err[-3000:]}"
+    a, b = _state(full / "checkpoints" / "last.ckpt"), _state(resumed / "checkpoints" / "last.ckpt")
+    assert a["global_step"] == b["global_step"] == steps, where
+    _assert_same(a, b, where)
