@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
+from huggingface_hub import HfApi
 
+from framework.testing.local_hub import LocalHub, patch_client
 from framework.train import register_app
 
 register_app()
@@ -16,3 +20,15 @@ from helpers import run_cli  # noqa: E402
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    """A LocalHub for the test module, with the in-process client pointed at it: `.server`, `.url`, `.api`, `.root`."""
+    root = tmp_path_factory.mktemp("hub")
+    server = LocalHub(root / "repos").start()
+    try:
+        with patch_client(server.url, root / "cache", token="dummy"):
+            yield SimpleNamespace(server=server, url=server.url, api=HfApi(endpoint=server.url), root=root)
+    finally:
+        server.stop()

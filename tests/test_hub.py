@@ -58,18 +58,6 @@ def run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    """A LocalHub for this module, with the in-process client pointed at it."""
-    root = tmp_path_factory.mktemp("hub")
-    server = LocalHub(root / "repos").start()
-    try:
-        with patch_client(server.url, root / "cache", token="dummy"):
-            yield SimpleNamespace(server=server, url=server.url, api=HfApi(endpoint=server.url), root=root)
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
 def trained(hub, tmp_path_factory):
     """One `char_lm` run that pushes after every validation and at the end; the token is a recognisable secret."""
     run_dir = tmp_path_factory.mktemp("run")

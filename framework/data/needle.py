@@ -151,8 +151,6 @@ class NeedleData(SplitData):
     ):
         super().__init__()
         _check(n_symbols, context_len, max_eos)
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size} must be >= 1")
         self.n_symbols, self.context_len, self.max_eos = n_symbols, context_len, max_eos
         check_split_sizes(n_train=n_train, n_val=n_val, batch_size=batch_size)
         self.n_train, self.n_val, self.batch_size, self.seed = n_train, n_val, batch_size, seed

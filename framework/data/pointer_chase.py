@@ -104,11 +104,9 @@ class PointerChaseData(SplitData):
                  val_batch_size: int = 250, seed: int = 0, num_workers: int = 0):
         super().__init__()
         _check(n_pairs, n_symbols, hops, train_task)
-        if batch_size < 1 or val_batch_size < 1:
-            raise ValueError(f"batch_size={batch_size} and val_batch_size={val_batch_size} must be >= 1")
         self.n_pairs, self.n_symbols, self.hops, self.train_task = n_pairs, n_symbols, hops, train_task
         self.distinct_answers = distinct_answers
-        check_split_sizes(n_train=n_train, n_val=n_val, batch_size=batch_size)
+        check_split_sizes(n_train=n_train, n_val=n_val, batch_size=batch_size, val_batch_size=val_batch_size)
         self.n_train, self.n_val, self.batch_size, self.seed = n_train, n_val, batch_size, seed
         self.val_batch_size = val_batch_size
         self.num_workers = num_workers

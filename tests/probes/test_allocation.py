@@ -11,24 +11,12 @@ from huggingface_hub import HfApi
 from framework.models.transformer import TransformerLM
 from framework.probes.allocation import HeadAllocation, main
 from framework.probes.kv_cache import decode
-from framework.testing.local_hub import LocalHub, patch_client
 
 
 def allocation() -> HeadAllocation:
     gates = torch.tensor([[0.0, 0.9, 0.1, 0.4], [0.95, 0.0, 0.3, 0.7]])
     return HeadAllocation.from_gates(gates, sink=1, recent=4, sparsity=0.5, method="rlkv",
                                      metrics={"val/acc_s0.5": 0.99})
-
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hub")
-    server = LocalHub(root / "repos").start()
-    try:
-        with patch_client(server.url, root / "cache", token="dummy"):
-            yield HfApi(endpoint=server.url)
-    finally:
-        server.stop()
 
 
 def test_save_and_load_round_trip_json_and_tsv(tmp_path):
@@ -64,7 +52,7 @@ def test_check_model_accepts_the_same_shape_and_refuses_another():
 def test_push_then_from_pretrained_gives_the_same_allocation_and_the_same_decoding(hub, tmp_path):
     alloc = allocation()
     commit = alloc.push_to_hub("local-user/chase-rlkv")
-    files = set(hub.list_repo_files("local-user/chase-rlkv"))
+    files = set(hub.api.list_repo_files("local-user/chase-rlkv"))
     assert {"head_allocation.json", "gates.tsv", "README.md"} <= files
     assert not any(f.endswith((".pt", ".pkl", ".bin")) for f in files)
     back = HeadAllocation.from_pretrained("local-user/chase-rlkv", revision=commit)
@@ -78,10 +66,10 @@ def test_push_then_from_pretrained_gives_the_same_allocation_and_the_same_decodi
 
 
 def test_pushing_next_to_a_model_keeps_its_files_and_card(hub):
-    hub.create_repo("local-user/with-model")
-    hub.upload_file(path_or_fileobj=b"# my model card\n", path_in_repo="README.md", repo_id="local-user/with-model")
+    hub.api.create_repo("local-user/with-model")
+    hub.api.upload_file(path_or_fileobj=b"# my model card\n", path_in_repo="README.md", repo_id="local-user/with-model")
     allocation().push_to_hub("local-user/with-model")
-    files = set(hub.list_repo_files("local-user/with-model"))
+    files = set(hub.api.list_repo_files("local-user/with-model"))
     assert {"README.md", "head_allocation.json", "gates.tsv"} <= files
     card = (HfApi().hf_hub_download("local-user/with-model", "README.md"))
     assert open(card).read() == "# my model card\n"
