@@ -23,7 +23,7 @@ demo: $(STAMP)
 	@echo "demo results: $(RUN_DIR)/results.json, table + plot: $(RUN_DIR)/mask_sweep.{json,png}"
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -m "not slow" -q -n 2 --dist worksteal
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -q

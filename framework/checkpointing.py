@@ -2,32 +2,104 @@
 
 `AtomicCheckpointIO` is a Lightning `CheckpointIO` plugin (`Trainer(plugins=[AtomicCheckpointIO()])`): each file is
 written to a temporary name in the same folder, flushed to disk, then renamed over the target, so a process killed
-mid-save (or a full disk) leaves the previous `last.ckpt` whole. `check_checkpoint` opens a checkpoint with
-`weights_only=True` and compares it with the module about to load it.
+mid-save (or a full disk) leaves the previous `last.ckpt` whole; it refuses to write NaN/inf weights or optimizer
+state. `check_checkpoint` opens a checkpoint with `weights_only=True` and compares it with the module about to load
+it. `ResumableCSVLogger` continues a run dir's `metrics.csv` when the run resumes in place instead of erasing it.
 """
 
 from __future__ import annotations
 
+import csv
 import errno
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written or used; the message says which file and why."""
 
 
+def named_tensors(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """Every floating-point tensor in nested dicts/lists, with its path (`state_dict/model.w`, `...[0]/state/3/...`)."""
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point() and obj.numel() and not obj.is_sparse:
+            yield prefix, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from named_tensors(v, f"{prefix}/{k}" if prefix else str(k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from named_tensors(v, f"{prefix}[{i}]")
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP), the tensor itself otherwise: checking it needs no collective."""
+    t = t.detach()
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _screen(t: torch.Tensor) -> torch.Tensor:
+    """The sum of `t`: NaN/inf if any entry is (no false negatives); a finite tensor may overflow it (confirm)."""
+    return t.sum(dtype=torch.float32 if t.element_size() < 4 else None)
+
+
+def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
+    """True if no tensor holds a NaN or ±inf: one sum per tensor and one host sync per device; an overflowing sum
+    (values near the dtype's limit) is confirmed entry by entry before the answer is False."""
+    tensors = [_local(t) for t in tensors]
+    sums: dict[torch.device, list[torch.Tensor]] = {}
+    for t in tensors:
+        sums.setdefault(t.device, []).append(_screen(t).float())
+    if all(bool(torch.stack(s).isfinite().all()) for s in sums.values()):
+        return True
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def non_finite(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[str], int]:
+    """(names of the tensors holding NaN/inf, how many tensors were checked)."""
+    named = list(named)
+    if all_finite(t for _, t in named):
+        return [], len(named)
+    return [n for n, t in named if not bool(torch.isfinite(_local(t)).all())], len(named)
+
+
+def checkpoint_non_finite(checkpoint: dict[str, Any]) -> tuple[list[str], int]:
+    """The non-finite tensors among a checkpoint's weights (`state_dict`) and optimizer state, and the count checked."""
+    return non_finite(named_tensors({k: checkpoint[k] for k in ("state_dict", "optimizer_states") if k in checkpoint}))
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """`torch.save` to `.NAME.tmp-PID`, fsync, then `os.replace` onto NAME (atomic on POSIX file systems)."""
+    """`torch.save` to `.NAME.tmp-PID`, fsync, then `os.replace` onto NAME (atomic on POSIX file systems).
+
+    A checkpoint whose weights or optimizer state hold NaN/inf is refused with `CheckpointError` (nothing is
+    written) unless `allow_non_finite=True`: resuming from it would only reproduce the divergence.
+    """
+
+    def __init__(self, allow_non_finite: bool = False):
+        super().__init__()
+        self.allow_non_finite = allow_non_finite
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError(f"storage_options={storage_options!r}: AtomicCheckpointIO writes local files only")
         target = Path(path)
+        if not self.allow_non_finite:
+            bad, total = checkpoint_non_finite(checkpoint)
+            if bad:
+                kept = f"the previous {target.name} is intact" if target.exists() else f"no {target.name} was written"
+                raise CheckpointError(
+                    f"refusing to write checkpoint {target}: {len(bad)} of its {total} weight and optimizer-state "
+                    f"tensors hold NaN/inf (e.g. {bad[0]}); {kept}. Resume from an earlier checkpoint with a lower "
+                    "learning rate (AtomicCheckpointIO(allow_non_finite=True) writes such files for debugging)."
+                )
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         try:
@@ -67,9 +139,30 @@ def load_checkpoint_file(path: str | Path) -> dict[str, Any]:
     return ckpt
 
 
+def _earlier_checkpoints(path: Path) -> list[str]:
+    """The other checkpoints in `path`'s folder whose weights and optimizer state are all finite."""
+    good = []
+    for other in sorted(path.parent.glob("*.ckpt")):
+        if other.resolve() != path.resolve():
+            try:
+                if not checkpoint_non_finite(load_checkpoint_file(other))[0]:
+                    good.append(other.name)
+            except CheckpointError:
+                pass
+    return good
+
+
 def check_checkpoint(path: str | Path, module: torch.nn.Module) -> dict[str, Any]:
     """Raise `CheckpointError` unless `path` is readable and holds the same parameter names and shapes as `module`."""
     ckpt = load_checkpoint_file(path)
+    bad, total = checkpoint_non_finite(ckpt)
+    if bad:
+        good = _earlier_checkpoints(Path(path))
+        raise CheckpointError(
+            f"checkpoint {path} holds NaN/inf in {len(bad)} of its {total} weight and optimizer-state tensors "
+            f"(e.g. {bad[0]}): resuming from it would diverge at once. Resume from a finite checkpoint"
+            + (f" in the same folder ({', '.join(good)})" if good else "") + " with a lower learning rate."
+        )
     growth = ckpt.get("orthogonal_growth")
     if isinstance(growth, dict) and growth.get("done"):  # grown mid-run: OrthogonalGrowth rebuilds this shape on load
         from framework.callbacks.growth import replay_on_copy
@@ -94,3 +187,55 @@ def check_checkpoint(path: str | Path, module: torch.nn.Module) -> dict[str, Any
             + ". Resume with the same recipe and model settings it was trained with (see its run's .hydra/config.yaml)."
         )
     return ckpt
+
+
+def _csv_step(row: dict[str, str]) -> float:
+    try:
+        return float(row.get("step") or "nan")
+    except ValueError:
+        return float("nan")
+
+
+class _ContinuedWriter(ExperimentWriter):
+    """Keeps the rows of an existing metrics.csv logged before step `before_step` instead of deleting the file."""
+
+    def __init__(self, log_dir: str, before_step: int):
+        self.before_step = before_step
+        super().__init__(log_dir)
+
+    def _check_log_dir_exists(self) -> None:
+        path = Path(self.metrics_file_path)
+        if not path.is_file():
+            return
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            rows, keys = list(reader), list(reader.fieldnames or [])
+        kept = [r for r in rows if not _csv_step(r) >= self.before_step]  # a row without a step number stays
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(kept)
+        os.replace(tmp, path)
+        self.metrics_keys = keys  # Lightning's writer appends with this header and widens it for new columns
+
+
+class ResumableCSVLogger(CSVLogger):
+    """`CSVLogger` that, given `resume_step` (the checkpoint's global step), continues an existing metrics.csv.
+
+    Rows logged at steps ≥ `resume_step` belonged to the run after its checkpoint (the resumed run logs those
+    steps again) and are dropped; earlier rows are kept and new ones appended under the same header. Without
+    `resume_step` it is Lightning's `CSVLogger` (a fresh file).
+    """
+
+    def __init__(self, *args: Any, resume_step: int | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.resume_step = resume_step
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None and self.resume_step is not None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _ContinuedWriter(self.log_dir, self.resume_step)
+        return super().experiment

@@ -4,6 +4,7 @@ setting keys get a did-you-mean over the keys that exist there, and values of th
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -86,12 +87,38 @@ def check_settings(argv: list[str], config_name: str = "train") -> None:
             raise BadSettingError(f"{key}: {str(cause).splitlines()[0]}") from None
 
 
-def exit_on_unknown_choice(argv: list[str], config_name: str | None = None) -> None:
-    """`check_choices` (and `check_settings` when `config_name` is given), as one error line and exit code 2."""
+def exit_on_bad_input(argv: list[str], config_name: str | None = None, preflight: bool = False) -> None:
+    """`check_choices`, `check_settings` (with `config_name`) or, with `preflight=True`, the full preflight
+    (`framework.preflight`: every value, the run dir, init_from), as one `error:` line and exit code 2."""
+    from framework.preflight import PreflightError
+    from framework.preflight import preflight as check_run
+
     try:
+        if preflight:
+            check_run(argv, config_name or "train")
+            return
         check_choices(argv)
         if config_name:
             check_settings(argv, config_name)
-    except (UnknownNameError, BadSettingError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (UnknownNameError, BadSettingError, PreflightError) as err:
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def check_command_line(argv: list[str], config_name: str = "train") -> list[str]:
+    """Everything `python -m framework.train` checks before Hydra runs: names (did-you-mean), the recipe's values
+    fitted to swapped groups (`framework.recipe.fit_to_choices`, with a note), setting keys and types, then the
+    preflight (`framework.preflight`). Bad input: one `error:` line on stderr, SystemExit(2). Returns the argv to
+    run: with `FRAMEWORK_SMOKE=1`, the recipe's smoke overrides come first (`framework.recipe.smoke_overrides`)."""
+    from framework.recipe import fit_to_choices, smoke_overrides
+
+    exit_on_bad_input(argv)  # names first: an unknown choice gets its did-you-mean
+    for note in fit_to_choices(argv):
+        print(f"note: {note}", file=sys.stderr)
+    exit_on_bad_input(argv, config_name)
+    if os.environ.get("FRAMEWORK_SMOKE", "0") not in ("", "0"):
+        # just before the command's own overrides: Hydra takes overrides as one unbroken run of words
+        at = next((i for i, a in enumerate(argv) if "=" in a and not a.startswith("-")), len(argv))
+        argv = argv[:at] + smoke_overrides(argv) + argv[at:]
+    exit_on_bad_input(argv, config_name, preflight=True)
+    return argv

@@ -1,25 +1,38 @@
-"""`python -m framework.ls [kind] [pattern]`: what is registered, one kind per line (`-v`: one name per line)."""
+"""`python -m framework.ls [kind] [pattern]`: what is registered, one kind per line (`-v`: one name per line).
+
+A kind can be named as the registry calls it (`callback`) or as its Hydra group does (`callbacks`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from framework.registry import KINDS, UnknownNameError, load_catalog
+from framework.registry import GROUPS, KINDS, Registry, UnknownNameError, load_catalog
+
+
+def find_kind(name: str) -> Registry:
+    """The registry for a kind or Hydra group name (`callback` or `callbacks`); UnknownNameError otherwise."""
+    registry = KINDS.get(name) or GROUPS.get(name)
+    if registry is None:
+        raise UnknownNameError("kind", name, sorted(set(KINDS) | set(GROUPS)))
+    return registry
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m framework.ls", description=__doc__)
-    parser.add_argument("kind", nargs="?", help=f"one of: {', '.join(KINDS)}")
+    names = ", ".join(k if r.group == k else f"{k} ({r.group})" for k, r in KINDS.items())
+    parser.add_argument("kind", nargs="?", help=f"one of: {names}")
     parser.add_argument("pattern", nargs="?", default="*", help="shell wildcard, e.g. 'mdlm_*'")
     parser.add_argument("-v", "--verbose", action="store_true", help="one name per line, with its description")
     args = parser.parse_args(argv)
     load_catalog()
-    if args.kind and args.kind not in KINDS:
-        print(f"error: {UnknownNameError('kind', args.kind, list(KINDS))}", file=sys.stderr)
+    try:
+        registries = [find_kind(args.kind)] if args.kind else list(KINDS.values())
+    except UnknownNameError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
-    for kind in [args.kind] if args.kind else KINDS:
-        registry = KINDS[kind]
+    for registry in registries:
+        kind = registry.kind
         names = registry.names(args.pattern)
         if args.verbose:
             for name in names:

@@ -24,12 +24,11 @@ import torch
 from hydra.conf import HydraConf, JobConf, RunDir, SweepDir
 from hydra.core.hydra_config import HydraConfig
 from hydra_zen import builds, make_config, zen
-from lightning.pytorch.loggers import CSVLogger
 
 from framework import __version__
 from framework.callbacks.safety import GracefulInterrupt, NonFiniteLossError, StopOnNonFinite
-from framework.checkpointing import AtomicCheckpointIO, CheckpointError, check_checkpoint
-from framework.registry import ZEN_STORE, load_catalog
+from framework.checkpointing import AtomicCheckpointIO, CheckpointError, ResumableCSVLogger, check_checkpoint
+from framework.registry import METRICS, MODULES, ZEN_STORE, load_catalog
 
 RUN_DIR = "${hydra:runtime.output_dir}"
 
@@ -110,6 +109,7 @@ def train(
     callbacks: dict[str, L.Callback] | None = None,
     loss: Any = None,
     sampler: Any = None,
+    metric: Any = None,
     ckpt_path: str | None = None,
     init_from: str | None = None,
     validate_before_fit: bool = True,
@@ -119,30 +119,28 @@ def train(
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if getattr(data, "seed", 0) is None:
         data.seed = seed
-    extra = {"extra_loss": complete_from(loss, data)()} if loss is not None else {}
-    lm = complete_from(module, data)(model=model, optimizer=optimizer, scheduler=scheduler, **extra)
-    if sampler is not None:  # a selection policy: the DataSelection callback runs it (added if not listed)
-        from framework.callbacks.data_agent import with_selection
-
-        callbacks = with_selection(callbacks, sampler() if isinstance(sampler, functools.partial) else sampler, seed)
+    lm, callbacks = assemble(data, model, module, optimizer, scheduler, loss, metric, sampler, callbacks, seed)
     if init_from:
         from framework.hub import load_weights_into
 
         load_weights_into(lm.model, init_from)
-    if ckpt_path:  # a missing, damaged or foreign checkpoint is refused before anything is written
-        _or_exit(check_checkpoint, ckpt_path, lm, code=2)
-    loggers = [CSVLogger(save_dir=str(run_dir), name="csv", version="")]
+    resume_step = None  # in-place resume: logs continue from the checkpoint's step (rows after it are dropped)
+    if ckpt_path:  # a missing, damaged, non-finite or foreign checkpoint is refused before anything is written
+        resume_step = int(_or_exit(check_checkpoint, ckpt_path, lm, code=2).get("global_step", 0))
+        ckpt_path = str(Path(ckpt_path).resolve())
+    loggers = [ResumableCSVLogger(save_dir=str(run_dir), name="csv", version="", resume_step=resume_step)]
     try:
         import tensorboard  # noqa: F401
         from lightning.pytorch.loggers import TensorBoardLogger
 
-        loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="tb", version=""))
+        purge = {} if resume_step is None else {"purge_step": resume_step}  # hides the abandoned steps' events
+        loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="tb", version="", **purge))
     except ImportError:
         pass
     bar = trainer.keywords.get("enable_progress_bar")
     command = "python -m framework.train " + " ".join(shlex.quote(a) for a in sys.argv[1:] if "ckpt_path=" not in a)
     interrupt = GracefulInterrupt(resume_hint=command)
-    guards = [StopOnNonFinite(), interrupt]
+    guards = [StopOnNonFinite(resume_hint=_lower_lr_command(optimizer)), interrupt]
     show_bar = sys.stdout.isatty() if bar is None else bool(bar)
     if show_bar and importlib.util.find_spec("rich") is not None:  # rich's bar where `rich` is installed
         from lightning.pytorch.callbacks import RichProgressBar
@@ -167,7 +165,8 @@ def train(
         if run.is_global_zero:
             (run_dir / "results.json").write_text(json.dumps(
                 {"interrupted": True, "global_step": run.global_step, "metrics": metrics,
-                 "checkpoint": interrupt.saved_path, "resume": f"{command} ckpt_path={interrupt.saved_path}"},
+                 "checkpoint": interrupt.saved_path, "resume": f"{command} ckpt_path={interrupt.saved_path}",
+                 "resumed_from": ckpt_path},
                 indent=2))
         raise SystemExit(130)
     for cb in run.callbacks:  # callbacks that evaluate something (e.g. mask_sweep) report here
@@ -189,6 +188,7 @@ def train(
         "seconds": round(time.time() - start, 2),
         "run_dir": str(run_dir),
         "last_checkpoint": _last_checkpoint(run),
+        "resumed_from": ckpt_path,  # the checkpoint this run continued (absolute path), None for a fresh run
         "command": "python -m framework.train " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "framework_version": __version__,
     }
@@ -211,6 +211,46 @@ def _or_exit(fn: Any, *args: Any, code: int, **kw: Any) -> Any:
     except (CheckpointError, NonFiniteLossError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(code) from None
+
+
+def assemble(
+    data: Any,
+    model: Any,
+    module: Any,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    loss: Any = None,
+    metric: Any = None,
+    sampler: Any = None,
+    callbacks: dict[str, L.Callback] | None = None,
+    seed: int | None = 0,
+) -> tuple[L.LightningModule, dict[str, L.Callback]]:
+    """Wire the built groups into the LightningModule and the callback set that `train` fits (the CLI's preflight
+    runs the same on the meta device, so a group this ignores would show). A `metric` goes to a module whose
+    constructor takes `metric`; any other module refuses it (ValueError naming the modules that take one)."""
+    extra: dict[str, Any] = {"extra_loss": complete_from(loss, data)()} if loss is not None else {}
+    if metric is not None:
+        target = getattr(module, "func", module)
+        if "metric" not in inspect.signature(target).parameters:
+            takers = [n for n in MODULES.names() if "metric" in inspect.signature(MODULES.get(n)).parameters]
+            raise ValueError(f"metric={_registered_name(METRICS, type(metric))}: module "
+                             f"{_registered_name(MODULES, target)!r} takes no metric, so it would be ignored; "
+                             f"modules that evaluate one: {', '.join(takers) or '(none)'}")
+        extra["metric"] = metric
+    lm = complete_from(module, data)(model=model, optimizer=optimizer, scheduler=scheduler, **extra)
+    callbacks = dict(callbacks or {})
+    if sampler is not None:  # a selection policy: the DataSelection callback runs it (added if not listed)
+        from framework.callbacks.data_agent import with_selection
+
+        callbacks = with_selection(callbacks, sampler() if isinstance(sampler, functools.partial) else sampler, seed)
+    return lm, callbacks
+
+
+def _registered_name(registry: Any, target: Any) -> str:
+    try:
+        return registry.name_of(target)
+    except LookupError:
+        return getattr(target, "__name__", repr(target))
 
 
 def complete_from(factory: Any, data: Any) -> Any:
@@ -289,6 +329,15 @@ def _num(v: Any) -> float:
     return value if math.isfinite(value) else float("nan")
 
 
+def _lower_lr_command(optimizer: Any) -> str:
+    """This run's command line with `optimizer.lr` at a tenth of this run's lr (what a NaN/inf stop suggests)."""
+    args = [a for a in sys.argv[1:] if "ckpt_path=" not in a and not a.lstrip("+").startswith("optimizer.lr=")]
+    lr = optimizer.keywords.get("lr") if isinstance(optimizer, functools.partial) else None
+    if isinstance(lr, (int, float)) and not isinstance(lr, bool):
+        args.append(f"optimizer.lr={lr / 10:.3g}")
+    return "python -m framework.train " + " ".join(shlex.quote(a) for a in args)
+
+
 def _last_checkpoint(run: L.Trainer) -> str | None:
     cb = run.checkpoint_callback
     if cb is None:
@@ -316,11 +365,13 @@ task = zen(train, pre_call=zen(seed_everything))
 
 
 def main() -> None:
-    from framework.cli import exit_on_unknown_choice
+    """`python -m framework.train`: the command line is checked (`framework.cli.check_command_line`: names, keys,
+    types, then every value, by building the run on the meta device) before Hydra runs or writes anything."""
+    from framework.cli import check_command_line
 
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
     register_app()
-    exit_on_unknown_choice(sys.argv[1:], config_name="train")
+    sys.argv[1:] = check_command_line(sys.argv[1:])
     task.hydra_main(config_name="train", config_path=None, version_base="1.3")
 
 

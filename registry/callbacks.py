@@ -14,6 +14,7 @@ CALLBACKS.register(
     save_last=True,
     save_top_k=-1,
     every_n_train_steps=100,
+    enable_version_counter=False,  # an in-place resume overwrites its own timeline's files: no last-v1.ckpt
 )
 CALLBACKS.register(LearningRateMonitor, name="lr_monitor", logging_interval="step")
 CALLBACKS.register(EarlyStopping, name="early_stopping", monitor="val/loss", mode="min", patience=3)

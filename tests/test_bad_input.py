@@ -14,12 +14,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from helpers import REPO
 
-from framework.cli import BadSettingError, check_choices, check_settings
+from framework.cli import BadSettingError, check_choices, check_command_line, check_settings
+from framework.preflight import preflight
 from framework.recipe import SMOKE
 from framework.registry import GROUPS, KINDS, UnknownNameError, load_catalog
 
@@ -120,7 +122,8 @@ BAD: dict[tuple[str, str], tuple | None] = {
     ("data", "synth_classes"): (list, {"n_informative": 2}, r"n_informative=2 must be <= n_features=64 and give"),
     ("callback", "data_selection"): (list, {"num_epochs": 0}, r"num_epochs=0 must be >= 1"),
     # GICDM (issue 5)
-    ("metric", "gicdm"): (list, {"correction": "icmd"}, r"correction='icmd' is not one of 'none', 'icdm', 'gicdm'"),
+    ("metric", "gicdm"): (list, {"correction": "icmd"}, r"correction='icmd' is not one of 'none', 'icdm', "
+                                                        r"'gicdm_reconstructed'"),
     ("data", "hubness_sweep"): (list, {"n": 0}, r"n=0 must be >= 16"),
     ("module", "metric_eval"): (list, {"corrections": ["raw"]}, r"corrections=\['raw'\] must be non-empty, from "
                                                                   r"none, icdm, gicdm"),
@@ -177,11 +180,113 @@ def test_an_empty_or_too_short_dataset_is_refused_with_its_size(name, kwargs, pa
         data.train_dataloader()
 
 
+# -- out-of-range values on the command line: one error line, exit code 2, before anything is written --------------
+_NO_GPU = not torch.cuda.is_available()
+OUT_OF_RANGE = [  # (override, what the one error line must say: the setting, its value, what is valid)
+    ("model.dim=-8", r"model 'transformer_lm': dim=-8 must be a positive integer"),
+    ("data.batch_size=0", r"data 'byte_corpus': batch_size=0 must be positive \(an integer >= 1\)"),
+    ("model.heads=3", r"model 'transformer_lm': dim=128 must be divisible by heads=3"),
+    ("model.kv_heads=3", r"model 'transformer_lm': kv_heads=3 must divide heads=4 \(1 <= kv_heads <= heads\)"),
+    ("model.dropout=1.0", r"model 'transformer_lm': mlp_ratio=4\.0 must be > 0 and dropout=1\.0 in \[0, 1\)"),
+    ("data.val_fraction=1.5", r"data 'byte_corpus': val_fraction=1\.5 must be in \(0, 1\)"),
+    ("data.seq_len=4096", r"data\.seq_len=4096 is longer than model\.max_seq_len=1024, .* set data\.seq_len <= 1024"),
+    ("data.max_bytes=0", r"data 'byte_corpus': max_bytes=0 must be >= 1, or null for the whole corpus"),
+    ("trainer.devices=0", r"trainer\.devices=0 must be >= 1, or -1 / 'auto'"),
+    ("trainer.max_steps=-5", r"trainer\.max_steps=-5 must be an integer >= 0, or -1 for no limit"),
+    ("optimizer.lr=nan", r"optimizer\.lr=nan is not a number; give a finite value"),
+    ("optimizer.lr=-0.1", r"optimizer 'adamw': Invalid learning rate: -0\.1"),
+    ("seed=abc", r"seed='abc' must be an integer in \[0, 2\*\*32 - 1\]"),
+    ("seed=-1", r"seed=-1 must be an integer in \[0, 2\*\*32 - 1\]"),
+    ("trainer.accelerator=gpu" if _NO_GPU else "trainer.accelerator=mps",  # mps: never on a CUDA (Linux) machine
+     r"trainer\.accelerator='(gpu|mps)' is not available on this machine; available: auto, cpu"),
+    ("trainer.strategy=dpp", r"trainer: You selected an invalid strategy name: `strategy='dpp'`"),
+    ("scheduler.min_lr_ratio=2", r"scheduler 'warmup_cosine': .*min_lr_ratio=2\.0 in \[0, 1\]"),
+    ("callbacks.checkpoint.every_n_train_steps=-1", r"callbacks\.checkpoint: .*every_n_train_steps=-1\. Must be >= 0"),
+    ("metric=gicdm", r"metric=gicdm: module 'causal_lm' takes no metric, .* modules that evaluate one: metric_eval"),
+    ("ckpt_path=nowhere/last.ckpt", r"ckpt_path=nowhere/last\.ckpt: checkpoint nowhere/last\.ckpt does not exist"),
+    ("hub.repo_id=no-namespace", r"hub\.repo_id=no-namespace: invalid Hub repo id 'no-namespace'"),
+    ("init_from=nowhere/last.ckpt", r"init_from=nowhere/last\.ckpt: no such checkpoint file"),
+]
+
+
+def _refused(args: list[str], capsys) -> str:
+    """Run the CLI's checks on `args` in this process (what `main()` does before Hydra); the one stderr line."""
+    with pytest.raises(SystemExit) as exit_:
+        check_command_line(args)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+@pytest.mark.parametrize(("override", "expected"), OUT_OF_RANGE, ids=[o for o, _ in OUT_OF_RANGE])
+def test_an_out_of_range_value_stops_the_cli_before_anything_is_written(override, expected, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    line = _refused(["recipe=char_lm", override, f"hydra.run.dir={run_dir}"], capsys)
+    assert re.fullmatch(f"error: {expected}.*", line), line
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "read_only"])
+def test_a_run_dir_that_cannot_be_created_is_refused_naming_why(where, tmp_path, capsys):
+    if where == "under_a_file":
+        (tmp_path / "file").write_text("x")
+        run_dir, why = tmp_path / "file" / "run", f"{tmp_path / 'file'} is a file, not a directory"
+    else:  # mode bits stop everyone but root; /sys refuses even root
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o555)
+        run_dir = (locked if os.geteuid() else Path("/sys")) / "sub" / "run"
+        why = f"{run_dir.parents[1]} is not writable"
+    line = _refused(["recipe=char_lm", f"hydra.run.dir={run_dir}"], capsys)
+    assert line.startswith(f"error: hydra.run.dir={run_dir} cannot be created: {why}"), line
+    assert not run_dir.exists()
+
+
+def test_every_job_of_a_sweep_is_checked_before_hydra_starts(tmp_path, capsys):
+    line = _refused(["-m", "recipe=char_lm", "optimizer=adamw,sgd", "optimizer.lr=-1",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}"], capsys)
+    assert line == "error: optimizer 'adamw': Invalid learning rate: -1"
+    (tmp_path / "file").write_text("x")
+    line = _refused(["-m", "recipe=char_lm", "seed=1,2", f"hydra.sweep.dir={tmp_path / 'file' / 'sweep'}"], capsys)
+    assert line.startswith(f"error: hydra.sweep.dir={tmp_path / 'file' / 'sweep'} cannot be created")
+
+
+def test_every_recipe_passes_the_preflight_at_its_default_and_smoke_size(tmp_path):
+    for name in KINDS["recipe"].names():
+        for extra in ([], SMOKE.get(name, [])):
+            preflight([f"recipe={name}", *extra, f"hydra.run.dir={tmp_path / name}"])
+    assert not any(tmp_path.iterdir())
+
+
+def test_init_from_a_repo_the_hub_lacks_is_refused_at_once(hub, tmp_path, capsys):
+    start = time.perf_counter()
+    line = _refused(["recipe=char_lm", "init_from=local-user/no-such-model", f"hydra.run.dir={tmp_path}/run"], capsys)
+    assert time.perf_counter() - start < 10  # one request, no retries
+    assert line == (f"error: init_from=local-user/no-such-model: no such local run dir or .ckpt file, and the Hub at "
+                    f"{hub.url} has no model repo 'local-user/no-such-model' (push one with hub.repo_id=... or "
+                    "`python -m framework.hub push`)")
+    assert not (tmp_path / "run").exists()
+
+
 # -- through the real CLI: nothing is lost, one error line, exit code 2 --------------------------------------
 def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.run([sys.executable, "-m", "framework.train", *args], capture_output=True, text=True,
                           cwd=REPO, env=env, timeout=timeout)
+
+
+@pytest.mark.parametrize("case", ["value", "run_dir"])
+def test_cli_refuses_out_of_range_input_with_one_line_and_exit_2_and_writes_nothing(case, tmp_path):
+    (tmp_path / "file").write_text("x")
+    run_dir = tmp_path / ("run" if case == "value" else "file/run")
+    bad, expected = {
+        "value": ("model.dim=-8", "error: model 'transformer_lm': dim=-8 must be a positive integer"),
+        "run_dir": ("seed=1", f"error: hydra.run.dir={run_dir} cannot be created: {tmp_path / 'file'} is a file"),
+    }[case]
+    proc = _cli("recipe=char_lm", bad, f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith(expected), proc.stderr[-2000:]
+    assert not run_dir.exists()
 
 
 def test_cli_refuses_a_misspelt_key_with_one_line_and_exit_2(tmp_path):
@@ -234,3 +339,15 @@ def test_cli_ctrl_c_writes_a_checkpoint_prints_the_resume_command_and_it_resumes
                 str(saved["global_step"] + 2), f"hydra.run.dir={tmp_path / 'resumed'}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((tmp_path / "resumed" / "results.json").read_text())["global_step"] == saved["global_step"] + 2
+
+
+def test_a_build_failure_that_is_no_refused_value_leaves_the_run_to_report_it(monkeypatch, tmp_path):
+    import framework.train
+
+    def meta_only_failure(*args, **kwargs):
+        raise RuntimeError("Tensor.item() cannot be called on meta tensors")
+
+    monkeypatch.setattr(framework.train, "assemble", meta_only_failure)
+    preflight(["recipe=char_lm", f"hydra.run.dir={tmp_path / 'run'}"])  # no error: the real run builds for real
+    with pytest.raises(SystemExit):  # while refused values are still refused before it
+        check_command_line(["recipe=char_lm", "seed=abc", f"hydra.run.dir={tmp_path / 'run'}"])

@@ -1,17 +1,25 @@
-"""Atomic checkpoint writes (a kill or a full disk never leaves a broken file) and checkpoint checks."""
+"""Atomic checkpoint writes (a kill or a full disk never leaves a broken file, NaN/inf is never written), checkpoint
+checks, and what a resume continues: the metrics file and, when the command line changes it, the learning rate."""
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import signal
 import time
 
+import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import TensorDataset
 
 import framework.checkpointing as checkpointing
 from framework.checkpointing import AtomicCheckpointIO, CheckpointError, check_checkpoint, load_checkpoint_file
+from framework.data.resumable import train_loader
+from framework.modules.base import TrainModule
+from framework.optim.schedulers import warmup_cosine
 
 
 def _ckpt(value: float, n: int = 1000) -> dict:
@@ -102,3 +110,110 @@ def test_a_file_that_is_not_a_lightning_checkpoint_is_refused(tmp_path):
     torch.save({"w": torch.zeros(2)}, path)
     with pytest.raises(CheckpointError, match="is not a Lightning checkpoint"):
         load_checkpoint_file(path)
+
+
+def test_a_checkpoint_with_nan_or_inf_weights_or_optimizer_state_is_never_written(tmp_path):
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint(_ckpt(1.0), path)
+    before = path.read_bytes()
+    bad = {**_ckpt(2.0), "optimizer_states": [{"state": {0: {"exp_avg_sq": torch.tensor([1.0, float("inf")])}}}]}
+    with pytest.raises(CheckpointError, match=r"refusing to write checkpoint .*last\.ckpt: 1 of its 3 weight and "
+                                              r"optimizer-state tensors hold NaN/inf \(e\.g\. optimizer_states\[0\]"
+                                              r"/state/0/exp_avg_sq\); the previous last\.ckpt is intact"):
+        io.save_checkpoint(bad, path)
+    nan_weights = {**_ckpt(3.0), "state_dict": {"w": torch.full((4,), float("nan")), "b": torch.zeros(3)}}
+    with pytest.raises(CheckpointError, match=r"1 of its 2 .* \(e\.g\. state_dict/w\)"):
+        io.save_checkpoint(nan_weights, tmp_path / "step000002.ckpt")
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    huge = {"state_dict": {"w": torch.full((1000,), 3e38)}, "global_step": 3}  # finite, though its sum overflows
+    io.save_checkpoint(huge, path)
+    assert torch.equal(load_checkpoint_file(path)["state_dict"]["w"], huge["state_dict"]["w"])
+    AtomicCheckpointIO(allow_non_finite=True).save_checkpoint(bad, tmp_path / "debug.ckpt")  # opt-in, for debugging
+    written = load_checkpoint_file(tmp_path / "debug.ckpt")["optimizer_states"][0]["state"][0]["exp_avg_sq"]
+    assert torch.isinf(written).any()
+
+
+def test_resuming_from_a_non_finite_checkpoint_is_refused_naming_a_finite_one(tmp_path):
+    model = torch.nn.Linear(4, 2)
+    good = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.save({"state_dict": good, "global_step": 3}, tmp_path / "step000003.ckpt")
+    poisoned = {**good, "weight": torch.full((2, 4), float("nan"))}
+    torch.save({"state_dict": poisoned, "global_step": 4}, tmp_path / "last.ckpt")
+    with pytest.raises(CheckpointError, match=r"last\.ckpt holds NaN/inf in 1 of its 2 weight and optimizer-state "
+                                              r"tensors \(e\.g\. state_dict/weight\).*Resume from a finite checkpoint "
+                                              r"in the same folder \(step000003\.ckpt\) with a lower learning rate"):
+        check_checkpoint(tmp_path / "last.ckpt", model)
+    assert check_checkpoint(tmp_path / "step000003.ckpt", model)["global_step"] == 3
+
+
+def test_the_csv_logger_continues_a_resumed_run_s_metrics_file(tmp_path):
+    from framework.checkpointing import ResumableCSVLogger
+
+    first = ResumableCSVLogger(save_dir=str(tmp_path), name="csv", version="")
+    for step in range(8):  # the run before the kill, logging at steps 0..7
+        first.log_metrics({"train/loss": 10.0 - step}, step=step)
+    first.save()
+    resumed = ResumableCSVLogger(save_dir=str(tmp_path), name="csv", version="", resume_step=5)
+    resumed.log_metrics({"train/loss": 4.5}, step=5)  # the resumed run logs steps 5.. again, plus a new column
+    resumed.log_metrics({"train/loss": 3.5, "val/loss": 3.0}, step=6)
+    resumed.save()
+    text = (tmp_path / "csv" / "metrics.csv").read_text()
+    assert text.count("step") == 1  # one header
+    rows = [line.split(",") for line in text.strip().splitlines()]
+    assert rows[0] == ["step", "train/loss", "val/loss"]
+    assert [(r[0], r[1]) for r in rows[1:]] == [("0", "10.0"), ("1", "9.0"), ("2", "8.0"), ("3", "7.0"), ("4", "6.0"),
+                                               ("5", "4.5"), ("6", "3.5")]
+    assert rows[-1][2] == "3.0"
+    fresh = ResumableCSVLogger(save_dir=str(tmp_path), name="csv", version="")  # no resume: a new file, as before
+    fresh.log_metrics({"train/loss": 1.0}, step=0)
+    fresh.save()
+    assert (tmp_path / "csv" / "metrics.csv").read_text().splitlines() == ["step,train/loss", "0,1.0"]
+
+
+class _Tiny(TrainModule):
+    """A linear regression through the framework's own configure_optimizers (factories, warm-up + cosine)."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.model(x), y)
+
+    def train_dataloader(self):
+        x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+        return train_loader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8, seed=0, trainer=self.trainer)
+
+
+def _fit_recording_lr(root, lr: float, ckpt_path=None) -> tuple[list[float], _Tiny]:
+    """Fit 10 steps at `lr` (a checkpoint every step); the lr each step trained with, and the module."""
+    torch.manual_seed(0)
+    module = _Tiny(torch.nn.Linear(4, 1), optimizer=functools.partial(torch.optim.AdamW, lr=lr),
+                   scheduler=functools.partial(warmup_cosine, warmup_steps=3))
+    lrs: list[float] = []
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    ckpt = ModelCheckpoint(dirpath=root, every_n_train_steps=1, save_top_k=-1, filename="step{step:06d}",
+                           auto_insert_metric_name=False)
+    L.Trainer(max_steps=10, callbacks=[Record(), ckpt], plugins=[AtomicCheckpointIO()], logger=False,
+              enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+              default_root_dir=root).fit(module, ckpt_path=ckpt_path)
+    return lrs, module
+
+
+def test_an_lr_given_on_resume_rebases_the_schedule_and_the_same_lr_resumes_bitwise(tmp_path, capsys):
+    trained, full = _fit_recording_lr(tmp_path / "a", lr=1e-2)
+    fresh_at_new_lr, _ = _fit_recording_lr(tmp_path / "b", lr=1e-3)
+    mid = tmp_path / "a" / "step000004.ckpt"
+
+    resumed, _ = _fit_recording_lr(tmp_path / "c", lr=1e-3, ckpt_path=mid)
+    assert resumed == pytest.approx(fresh_at_new_lr[4:], rel=1e-12)  # schedule(step) at the new lr ...
+    assert resumed == pytest.approx([x * 1e-3 / 1e-2 for x in trained[4:]], rel=1e-12)  # = the old one · new/old
+    assert resumed[0] != trained[4]
+    assert "resuming with lr 0.001 instead of the checkpoint's 0.01 (1 parameter group(s))" in capsys.readouterr().err
+
+    same, module = _fit_recording_lr(tmp_path / "d", lr=1e-2, ckpt_path=mid)  # plain resume: nothing re-based
+    assert same == trained[4:]
+    assert all(torch.equal(a, b) for a, b in zip(full.parameters(), module.parameters(), strict=True))
+    assert "resuming with lr" not in capsys.readouterr().err

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import shlex
 import subprocess
 import sys
 import zlib
@@ -108,3 +110,73 @@ def test_a_longer_run_killed_at_a_random_step_resumes_bitwise_equal(tmp_path, na
     a, b = _state(full / "checkpoints" / "last.ckpt"), _state(resumed / "checkpoints" / "last.ckpt")
     assert a["global_step"] == b["global_step"] == steps, where
     _assert_same(a, b, where)
+
+
+# ---- a run that diverges, resumed in place with the command its error printed ---------------------------------
+DIVERGE = ["recipe=char_lm", *SMOKE["char_lm"], "trainer.val_check_interval=4", "trainer.log_every_n_steps=1",
+           "callbacks.checkpoint.every_n_train_steps=1"]
+
+
+def _all_finite(folder: Path) -> dict[str, int]:
+    """{file: global step} of every checkpoint in `folder`, after checking each tensor in each is finite."""
+    from framework.checkpointing import checkpoint_non_finite
+
+    steps = {}
+    for path in sorted(folder.glob("*.ckpt")):
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        assert checkpoint_non_finite(ckpt)[0] == [], path.name
+        steps[path.name] = ckpt["global_step"]
+    return steps
+
+
+@pytest.fixture(scope="module")
+def diverged(tmp_path_factory):
+    """`run`: killed (SIGKILL) after 6 healthy steps of 12, resumed in place with optimizer.lr=1e6 (diverges), then
+    resumed in place with the printed command at the recipe's lr; `ref`: the same 12 steps uninterrupted."""
+    root = tmp_path_factory.mktemp("diverged")
+    run, ref = root / "run", root / "ref"
+    reference = _start([*DIVERGE, "trainer.max_steps=12", f"hydra.run.dir={ref}"])  # runs beside the other three
+    kcode, kerr = _finish(_start([*DIVERGE, "trainer.max_steps=12", *KILL, "+callbacks.kill.step=6",
+                                  f"hydra.run.dir={run}"]))
+    assert kcode == -9, kerr[-3000:]
+    bad = _finish(_start([*DIVERGE, "trainer.max_steps=12", "optimizer.lr=1e6",
+                          f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={run}"]))
+    code, err = _finish(reference)
+    assert code == 0, err[-3000:]
+    after_divergence = _all_finite(run / "checkpoints")
+    printed = re.search(r"resume with a lower learning rate: python -m framework\.train (.*?ckpt_path=\S+)\)", bad[1])
+    assert printed, bad[1][-3000:]
+    resume = shlex.split(printed.group(1))
+    again = _finish(_start([a if not a.startswith("optimizer.lr=") else "optimizer.lr=0.003" for a in resume]))
+    return {"run": run, "ref": ref, "bad": bad, "after_divergence": after_divergence, "resume": resume,
+            "again": again}
+
+
+def test_a_diverging_run_writes_only_finite_checkpoints_and_prints_a_resume_command(diverged):
+    code, err = diverged["bad"]
+    assert code == 1 and "Traceback" not in err, err[-3000:]
+    assert "resuming with lr 1e+06 instead of the checkpoint's 0.003" in err  # the command line's lr was applied
+    assert re.search(r"error: training loss is \S+ at step \d+.*the last good checkpoint is .*step000006\.ckpt", err)
+    steps = diverged["after_divergence"]
+    assert steps["last.ckpt"] == max(steps.values()) > 6  # it ran on, and every file it wrote is finite
+    good = diverged["run"] / "checkpoints" / "step000006.ckpt"  # the last one from before the divergence
+    assert diverged["resume"][-3:] == [f"hydra.run.dir={diverged['run']}", "optimizer.lr=1e+05", f"ckpt_path={good}"]
+
+
+def test_the_printed_command_with_a_lower_lr_resumes_in_place_and_ends_as_an_uninterrupted_run(diverged):
+    code, err = diverged["again"]
+    assert code == 0, err[-3000:]
+    run, ref = diverged["run"], diverged["ref"]
+    results = json.loads((run / "results.json").read_text())
+    assert results["global_step"] == 12 and results["resumed_from"] == str(run / "checkpoints" / "step000006.ckpt")
+    assert all(v == v for v in results["metrics"].values())  # finite: NaN is how results.json spells non-finite
+    _assert_same(_state(ref / "checkpoints" / "last.ckpt"), _state(run / "checkpoints" / "last.ckpt"))
+
+
+def test_an_in_place_resume_keeps_last_ckpt_newest_and_appends_to_the_metrics_csv(diverged):
+    run, ref = diverged["run"], diverged["ref"]
+    steps = _all_finite(run / "checkpoints")
+    assert sorted(steps) == ["last.ckpt"] + [f"step{i:06d}.ckpt" for i in range(1, 13)]  # no last-v1.ckpt, no -v1
+    assert steps["last.ckpt"] == 12
+    # the rows from before the resumed step are kept, the diverged ones replaced: the file an uninterrupted run writes
+    assert (run / "csv" / "metrics.csv").read_text() == (ref / "csv" / "metrics.csv").read_text()

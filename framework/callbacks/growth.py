@@ -5,15 +5,18 @@ optimizer through the module's own `configure_optimizers` (any optimizer, OLion 
 or duplicated onto the copies, continues the LR schedule from the global step, and records the grown
 architecture in every later checkpoint, so resuming from one rebuilds the grown model before the weights load.
 Works in any Lightning project whose module has `.model` (`model_attr`) with a layer `nn.ModuleList`
-(`layers_attr`) and duck-typed MoE layers (`router`, `experts`, `num_experts`, `top_k`).
+(`layers_attr`) and duck-typed MoE layers (`router`, `experts`, `num_experts`, `top_k`). The loss it measures
+before and after growing is `loss_fn`: a function `(module, batch) -> loss`, or the name of a module method
+taking a batch (default `"loss"`; a module without it is grown but not measured).
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +50,10 @@ class OrthogonalGrowth(L.Callback):
 
     `schedule=[{...}, ...]` gives several growth events; each dict overrides the top-level values (e.g. depth at
     step 100, then width at step 200). `optimizer_state`: `reset` (paper: fresh optimizer) or `duplicate` (every
-    copy gets its source's state; originals keep theirs). `measure_batches>0` also evaluates the module's
-    `loss(batch)` on that many validation batches before and after growing (the current training batch is
-    always measured). A per-layer norm profile PNG and `growth.json` go to the trainer's root dir.
+    copy gets its source's state; originals keep theirs). The current training batch's loss is measured before
+    and after growing with `loss_fn` (`(module, batch) -> loss`, or the name of a module method taking a batch);
+    `measure_batches>0` also measures that many validation batches. A per-layer norm profile PNG and
+    `growth.json` go to the trainer's root dir.
     """
 
     def __init__(
@@ -72,6 +76,7 @@ class OrthogonalGrowth(L.Callback):
         measure_batches: int = 0,
         norm_part: str = "experts",
         plot: bool = True,
+        loss_fn: Callable[[L.LightningModule, Any], torch.Tensor] | str = "loss",
     ):
         super().__init__()
         if optimizer_state not in OPTIMIZER_STATES:
@@ -98,6 +103,10 @@ class OrthogonalGrowth(L.Callback):
         self.optimizer_state, self.model_attr, self.layers_attr = optimizer_state, model_attr, layers_attr
         self.zero_patterns, self.measure_batches = tuple(zero_patterns), int(measure_batches)
         self.norm_part, self.plot = norm_part, bool(plot)
+        if not (isinstance(loss_fn, str) and loss_fn) and not callable(loss_fn):
+            raise TypeError(f"loss_fn={loss_fn!r} must be a function (module, batch) -> loss or the name of a"
+                            " module method taking a batch (default 'loss')")
+        self.loss_fn = loss_fn
         self.done: list[dict[str, Any]] = []  # one record per growth applied to the current model
 
     # -- the model ---------------------------------------------------------------------------------------------
@@ -110,6 +119,26 @@ class OrthogonalGrowth(L.Callback):
                              f" nn.ModuleList of layers, got {type(layers).__name__}; set model_attr/layers_attr")
         return model
 
+    def measure_fn(self, pl_module: L.LightningModule) -> Callable[[Any], torch.Tensor] | None:
+        """`batch -> loss` from `loss_fn`; None when the default method name is absent (nothing is measured).
+
+        Refused up front: a named attribute that cannot take one batch, e.g. `self.loss = nn.CrossEntropyLoss()`
+        (it wants `(input, target)`), which would otherwise fail only at the growth step.
+        """
+        if not isinstance(self.loss_fn, str):
+            _check_arity(self.loss_fn, 2, "loss_fn", "a function (module, batch) -> loss")
+            return lambda batch: self.loss_fn(pl_module, batch)
+        fn = getattr(pl_module, self.loss_fn, None)
+        if fn is None and self.loss_fn == "loss":
+            return None
+        what = f"{type(pl_module).__name__}.{self.loss_fn}"
+        if not callable(fn):
+            raise TypeError(f"OrthogonalGrowth(loss_fn={self.loss_fn!r}): {what} is {type(fn).__name__}, not a"
+                            " method taking a batch; name one, or pass loss_fn=lambda module, batch: ...")
+        _check_arity(fn, 1, f"{what} ({type(fn).__name__})", "a method taking one batch; pass"
+                     " loss_fn=lambda module, batch: ... (or the name of such a method)")
+        return fn
+
     def _apply(self, model: nn.Module, event: dict[str, Any], structure_only: bool = False) -> Growth:
         return grow(model, depth_factor=event["depth_factor"], depth_method=event["depth_method"],
                     ignore_first=event["ignore_first"], ignore_last=event["ignore_last"],
@@ -120,7 +149,8 @@ class OrthogonalGrowth(L.Callback):
 
     # -- Lightning hooks ---------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.model_of(pl_module)  # fail before training on a module without layers
+        self.model_of(pl_module)  # fail before training on a module without layers, or a loss it cannot call
+        self.measure_fn(pl_module)
         name = type(trainer.strategy).__name__
         if "FSDP" in name or "DeepSpeed" in name or "ModelParallel" in name:
             raise NotImplementedError(f"OrthogonalGrowth grows unsharded models (single device or DDP), not under"
@@ -223,9 +253,9 @@ class OrthogonalGrowth(L.Callback):
 
     @torch.no_grad()
     def _measure(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any) -> dict[str, float]:
-        """The module's `loss` on the current training batch (and on validation batches), without touching RNG."""
-        loss_fn = getattr(pl_module, "loss", None)
-        if not callable(loss_fn):
+        """`loss_fn` on the current training batch (and on validation batches), without touching RNG."""
+        loss_fn = self.measure_fn(pl_module)
+        if loss_fn is None:
             return {}
         out: dict[str, float] = {}
         was_training = pl_module.training
@@ -311,6 +341,20 @@ def _continue_schedule(old: Any, new: Any) -> None:
         warnings.simplefilter("ignore")
         for _ in range(int(getattr(old, "last_epoch", 0))):
             new.step()
+
+
+def _check_arity(fn: Callable[..., Any], n: int, what: str, valid: str) -> None:
+    """TypeError unless `fn` can be called with `n` positional arguments (an nn.Module: its `forward`)."""
+    target = fn.forward if isinstance(fn, nn.Module) else fn
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # a builtin without a signature: cannot tell, let the call decide
+        return
+    try:
+        signature.bind(*([None] * n))
+    except TypeError as err:
+        raise TypeError(f"OrthogonalGrowth cannot measure the loss with {what}, whose signature is {signature}"
+                        f" ({err}); it needs {valid}") from None
 
 
 def _check_event(event: dict[str, Any], index: int) -> dict[str, Any]:

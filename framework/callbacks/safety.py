@@ -1,9 +1,10 @@
 """Two guards for long runs, usable in any Lightning project.
 
-`StopOnNonFinite`: a NaN/inf training loss stops training at that step with a message that names it, before the
-checkpoint callbacks of the same step run (Lightning calls `ModelCheckpoint` last), so the last checkpoint on disk
-is the last good one. `GracefulInterrupt`: the first Ctrl-C (SIGINT) finishes the current step, writes a checkpoint
-and stops; the resume command is printed. A second Ctrl-C interrupts at once.
+`StopOnNonFinite`: a NaN/inf training loss, or an optimizer step that leaves NaN/inf in the weights or the optimizer
+state, stops training at that step with a message that names it, before the checkpoint callbacks of the same step
+run (Lightning calls `ModelCheckpoint` last), so the last checkpoint on disk is the last good one.
+`GracefulInterrupt`: the first Ctrl-C (SIGINT) finishes the current step, writes a checkpoint and stops; the resume
+command is printed. A second Ctrl-C interrupts at once.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 
 import lightning as L
 import torch
+
+from framework.checkpointing import all_finite, checkpoint_non_finite, load_checkpoint_file, non_finite
 
 
 class NonFiniteLossError(RuntimeError):
@@ -38,29 +41,118 @@ def _loss_of(outputs: Any) -> torch.Tensor | None:
     return None
 
 
-def last_checkpoint(trainer: L.Trainer) -> str | None:
-    """The newest checkpoint the run's checkpoint callback has written (None before the first)."""
+def usable_checkpoint(trainer: L.Trainer, max_step: int, exclude: set[int] | frozenset[int] = frozenset()
+                      ) -> str | None:
+    """The newest checkpoint in the run's checkpoint folder from a step ≤ `max_step` and not in `exclude` whose
+    weights and optimizer state are finite (`last.ckpt` when it is that one); None if there is none."""
     cb = trainer.checkpoint_callback
-    path = (getattr(cb, "last_model_path", "") or getattr(cb, "best_model_path", "")) if cb is not None else ""
-    return path if path and Path(path).exists() else None
+    folder = Path(cb.dirpath) if cb is not None and getattr(cb, "dirpath", None) else None
+    if folder is None or not folder.is_dir():
+        return None
+    last = Path(getattr(cb, "last_model_path", "") or "").name
+    found = []
+    for path in folder.glob("*.ckpt"):
+        try:  # mmap: reads the step without reading the tensors
+            step = int(torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("global_step", -1))
+        except Exception:
+            continue
+        if 0 <= step <= max_step and step not in exclude:
+            found.append((step, path.name == last, path))
+    for _, _, path in sorted(found, reverse=True):
+        if not checkpoint_non_finite(load_checkpoint_file(path))[0]:
+            return str(path)
+    return None
 
 
 class StopOnNonFinite(L.Callback):
-    """Raise `NonFiniteLossError` at the first step whose training loss is NaN or ±inf (on any rank)."""
+    """Raise `NonFiniteLossError` at the first step whose loss, weights or optimizer state hold NaN/±inf (any rank).
+
+    The weights and the optimizer state are checked after each optimizer step (`check_state=True`; one sum per
+    tensor, one host sync per device): a finite loss can still come with a step that overflows the weights or
+    Adam's second moment, and the checkpoint of that step must not be written. A diverging run has usually ruined
+    its weights a step or two before anything overflows, so the message names the newest finite checkpoint whose
+    weights gave a finite training loss no higher than the fit's first loss + `divergence`·max(1, |first loss|),
+    not merely the newest one. `resume_hint` is the command to print (the checkpoint path is appended as
+    `ckpt_path=...`), e.g. the run's own command with a lower lr.
+    """
+
+    def __init__(self, check_state: bool = True, resume_hint: str | None = None, divergence: float = 10.0):
+        if not divergence > 0:
+            raise ValueError(f"divergence={divergence} must be > 0 (a multiple of the starting loss's magnitude)")
+        self.check_state = check_state
+        self.resume_hint = resume_hint
+        self.divergence = divergence
+        self._checked_step = -1
+        self._weights_step: int | None = None  # the global step of the weights the current batch was computed with
+        self._first_loss: float | None = None
+        self._diverged: set[int] = set()  # steps whose weights gave a non-finite or diverged loss
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._weights_step, self._first_loss, self._diverged = trainer.global_step, None, set()
+
+    def _record(self, value: float, step: int) -> None:
+        """Remember whether the weights of `step` gave a loss far from where this fit started."""
+        if self._first_loss is None and math.isfinite(value):
+            self._first_loss = value
+        if not math.isfinite(value) or value > self._limit():
+            self._diverged.add(step)
+
+    def _limit(self) -> float:
+        first = self._first_loss
+        return math.inf if first is None else first + self.divergence * max(1.0, abs(first))
+
+    def _state(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[tuple[str, torch.Tensor]]:
+        named = [(n, p) for n, p in pl_module.named_parameters() if p.is_floating_point() and p.numel()]
+        names = {id(p): n for n, p in named}
+        for i, opt in enumerate(trainer.optimizers):
+            for param, state in opt.state.items():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+                        named.append((f"optimizer {i} {key} of {names.get(id(param), 'a parameter')}", value))
+        return named
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         loss = _loss_of(outputs)
         value = float(loss.detach().float().mean()) if loss is not None else 0.0
-        if not _any_rank(trainer, not math.isfinite(value)):
+        weights_step = trainer.global_step - 1 if self._weights_step is None else self._weights_step
+        self._weights_step = trainer.global_step
+        if loss is not None:
+            self._record(value, weights_step)
+        named: list[tuple[str, torch.Tensor]] = []
+        state_ok = True
+        if self.check_state and trainer.global_step != self._checked_step:  # once per optimizer step
+            self._checked_step = trainer.global_step
+            named = self._state(trainer, pl_module)
+            state_ok = all_finite(t for _, t in named)
+        if not _any_rank(trainer, not (math.isfinite(value) and state_ok)):
             return
         step = trainer.global_step
-        ckpt = last_checkpoint(trainer)
-        keep = (f"the last good checkpoint is {ckpt} (resume with ckpt_path={ckpt} and a lower learning rate)"
-                if ckpt else "no checkpoint had been written yet")
+        if not math.isfinite(value):
+            what = f"training loss is {value} at step {step}"
+        elif not state_ok:
+            bad, total = non_finite(named)
+            what = (f"training loss is {value:.4g} at step {step}, but that step's optimizer update left NaN/inf in "
+                    f"{len(bad)} of {total} weight and optimizer-state tensors (e.g. {bad[0]})")
+        else:
+            what = f"training loss or weights became NaN/inf on another rank at step {step}"
+        if not state_ok:  # the weights of this step never reach a checkpoint; they are not a resume point either
+            self._diverged.add(step)
+        ckpt = usable_checkpoint(trainer, step, self._diverged)
+        if ckpt:
+            how = (f"resume with a lower learning rate: {self.resume_hint} ckpt_path={ckpt}" if self.resume_hint
+                   else f"resume with ckpt_path={ckpt} and a lower learning rate")
+            keep = f"the last good checkpoint is {ckpt} ({how})"
+        else:
+            keep = "no checkpoint from before the loss diverged had been written" + (
+                f"; start again with a lower learning rate: {self.resume_hint}" if self.resume_hint else "")
+        diverged = sorted(self._diverged)[-3:]
+        criterion = "non-finite" + (f", or a loss above {self._limit():.4g}" if self._first_loss is not None else "")
+        why = (f"; the weights of step{'s' if len(diverged) > 1 else ''} {', '.join(map(str, diverged))} had diverged "
+               f"({criterion})") if diverged else ""
         raise NonFiniteLossError(
-            f"training loss is {value} at step {step} (batch {batch_idx} of epoch {trainer.current_epoch}); "
-            f"training stopped and no checkpoint was written with these weights; {keep}."
+            f"{what} (batch {batch_idx} of epoch {trainer.current_epoch}); training stopped and no checkpoint was "
+            f"written with these weights{why}; {keep}."
         )
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from framework.data.resumable import SplitData
+from framework.data.resumable import SplitData, check_batches
 
 
 class ArrayDataset(Dataset):
@@ -51,6 +51,7 @@ class _ArrayData(SplitData):
 
     num_classes = 10
     input_shape: list[int]
+    n_total: int | None = None  # samples before the split, when known without loading them
 
     def __init__(self, batch_size: int, seed: int, label_noise: float, val_fraction: float, test_fraction: float,
                  num_workers: int = 0):
@@ -65,6 +66,9 @@ class _ArrayData(SplitData):
         self.batch_size, self.seed, self.label_noise = batch_size, seed, label_noise
         self.val_fraction, self.test_fraction, self.num_workers = val_fraction, test_fraction, num_workers
         self.test_set: Dataset | None = None
+        if self.n_total is not None:  # known before loading: refuse a batch larger than the training split now
+            check_batches(self.n_total - int(test_fraction * self.n_total) - int(val_fraction * self.n_total),
+                          batch_size)
         self.noisy: Tensor | None = None
 
     def arrays(self) -> tuple[Tensor, Tensor]:
@@ -97,6 +101,7 @@ class DigitsData(_ArrayData):
     0..16 intensity range) on every split, and symmetric label noise on the training split."""
 
     input_shape = [1, 8, 8]
+    n_total = 1797  # scikit-learn's digits
 
     def __init__(self, batch_size: int = 64, seed: int = 0, label_noise: float = 0.0, pixel_noise: float = 0.0,
                  val_fraction: float = 0.1, test_fraction: float = 0.2, num_workers: int = 0):
@@ -123,6 +128,9 @@ class SyntheticClasses(_ArrayData):
     def __init__(self, n_samples: int = 10_000, n_features: int = 64, n_informative: int = 16,
                  class_sep: float = 1.2, label_noise: float = 0.2, batch_size: int = 128, seed: int = 0,
                  val_fraction: float = 0.1, test_fraction: float = 0.2, num_workers: int = 0):
+        if n_samples < 1:
+            raise ValueError(f"n_samples={n_samples} must be >= 1")
+        self.n_total = n_samples
         super().__init__(batch_size, seed, label_noise, val_fraction, test_fraction, num_workers)
         if n_informative > n_features or 2 ** n_informative < 2 * self.num_classes:
             raise ValueError(f"n_informative={n_informative} must be <= n_features={n_features} and give "

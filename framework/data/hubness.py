@@ -28,6 +28,13 @@ def gaussian_pair(n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
     return torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
 
 
+def shifted_pair(n: int, d: int, shift: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Real N(0, I_d), generated N(shift·e1, I_d): the separation ladder (shift in σ; 5σ is nearly disjoint)."""
+    real, fake = gaussian_pair(n, d, seed)
+    fake[:, 0] += shift
+    return real, fake
+
+
 def ood_pair(n: int, d: int, p: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Real N(0, I); generated N(0, I) with the first round(p·n) points scaled by max(2, 10 + N(0, 1))."""
     real, fake = gaussian_pair(n, d, seed)

@@ -22,10 +22,7 @@ class EpochSampler(Sampler[int]):
     def __init__(
         self, n: int, *, batch_size: int, seed: int = 0, shuffle: bool = True, rank: int = 0, world_size: int = 1
     ):
-        if n < world_size * batch_size:
-            raise ValueError(
-                f"dataset of {n} samples is too short for {world_size} rank(s) × batch_size {batch_size}"
-            )
+        check_batches(n, batch_size, world_size)
         self.n, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
@@ -81,6 +78,12 @@ def train_loader(dataset: Dataset, batch_size: int, seed: int, trainer: Any = No
         if 0 < done < batches_per_epoch:
             sampler.skip_batches(done)
     return ResumableLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, **kw)
+
+
+def check_batches(n: int, batch_size: int, world_size: int = 1) -> None:
+    """A training set of `n` samples gives every rank at least one whole batch; ValueError naming the sizes."""
+    if n < world_size * batch_size:
+        raise ValueError(f"dataset of {n} samples is too short for {world_size} rank(s) × batch_size {batch_size}")
 
 
 def check_split_sizes(**sizes: int) -> None:

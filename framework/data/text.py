@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from framework.data.resumable import SplitData
+from framework.data.resumable import SplitData, check_batches
 
 SOURCES = ("pydoc", "stdlib", "both")
 _STDLIB_MODULES = ("collections", "json", "argparse", "dataclasses", "typing", "functools", "pathlib", "inspect")
@@ -72,10 +72,22 @@ class ByteCorpus(SplitData):
         num_workers: int = 0,
     ):
         super().__init__()
+        if source not in SOURCES:
+            raise ValueError(f"unknown corpus source {source!r}; valid: {', '.join(SOURCES)}")
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction={val_fraction} must be in (0, 1)")
-        if seq_len < 1 or batch_size < 1:
-            raise ValueError(f"seq_len={seq_len} and batch_size={batch_size} must be positive")
+        for key, value in (("seq_len", seq_len), ("batch_size", batch_size)):
+            if value < 1:
+                raise ValueError(f"{key}={value} must be positive (an integer >= 1)")
+        if max_bytes is not None:
+            if max_bytes < 1:
+                raise ValueError(f"max_bytes={max_bytes} must be >= 1, or null for the whole corpus")
+            cut = int(max_bytes * (1 - val_fraction))  # the split setup() makes, if the corpus is that long
+            for split, size in (("training", cut), ("validation", max_bytes - cut)):
+                if size < seq_len + 1:
+                    raise ValueError(f"corpus split of {size} bytes is shorter than seq_len+1={seq_len + 1} (the "
+                                     f"{split} part of max_bytes={max_bytes}); raise max_bytes or lower seq_len")
+            check_batches((cut - 1) // seq_len, batch_size)
         self.source, self.seq_len, self.batch_size = source, seq_len, batch_size
         self.val_fraction, self.max_bytes, self.seed, self.num_workers = val_fraction, max_bytes, seed, num_workers
         self.train_set: ByteChunks | None = None

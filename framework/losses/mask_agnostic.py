@@ -9,11 +9,15 @@ appended masks. The form below is spec 1.2 [inferred]:
 with p^(k) the SUBS distribution at the n target positions (identical absolute positions in both views) and
 D = TV by default, p^(k1) detached (the few-mask view is the teacher; best in the spec's toy, 1.4).
 The model is any callable `model(tokens[, key_padding_mask=...]) -> logits`; the caller adds the MDLM loss.
+Key-padding masks here are True = real token (framework models, Hugging Face's attention_mask); a model that
+reads PyTorch's convention (True = padding, as nn.MultiheadAttention) needs `mask_true_means="padding"`, and
+a model that reads the mask the other way round from what it is given is refused on the first padded batch.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,6 +29,27 @@ from framework.losses.mdlm import model_logits, subs_log_probs
 DIVERGENCES = ("tv", "tv_symmetric", "kl", "js")
 CE_VIEWS = ("both", "few", "many", "none")
 K_SAMPLING = ("per_batch", "per_example")
+#: What True means in the key-padding mask the model is given: a real token, or padding (PyTorch's convention).
+MASK_TRUE_MEANS = ("real", "padding")
+
+
+def _check_true_means(value: str) -> None:
+    if value not in MASK_TRUE_MEANS:
+        raise ValueError(f"mask_true_means={value!r} is invalid; valid: {', '.join(MASK_TRUE_MEANS)}"
+                         " (what True means in the model's key_padding_mask)")
+
+
+def follow_mask_convention(model: Any, true_means: str = "real") -> Callable[..., Tensor]:
+    """`model` as a callable taking a True = real key-padding mask: returned as is for "real"; for "padding"
+    (PyTorch's convention: nn.MultiheadAttention, nn.TransformerEncoder) the mask is inverted on the way in."""
+    _check_true_means(true_means)
+    if true_means == "real":
+        return model
+
+    def padding_true(tokens: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        return model_logits(model, tokens, None if key_padding_mask is None else ~key_padding_mask.bool())
+
+    return padding_true
 
 
 def tv_distance(p: Tensor, q: Tensor) -> Tensor:
@@ -82,13 +107,49 @@ def mask_agnostic_views(
     return tokens, key_padding_mask, targets_at
 
 
-def _logits_at(model: Any, tokens: Tensor, kpm: Tensor, at: Tensor) -> Tensor:
-    """Logits (R, n, V) at absolute positions `at`; the rows are cut to their longest real length first and the
-    key-padding mask is passed only if some padding remains."""
+def _logits_at(model: Any, tokens: Tensor, kpm: Tensor, at: Tensor) -> tuple[Tensor, bool]:
+    """Logits (R, n, V) at absolute positions `at`, and whether a key-padding mask was passed: the rows are cut
+    to their longest real length first and the mask (True = real) is passed only if some padding remains."""
     width = int(kpm.sum(1).max())
     tokens, kpm = tokens[:, :width], kpm[:, :width]
-    logits = model_logits(model, tokens, None if bool(kpm.all()) else kpm)
-    return logits.gather(1, repeat(at, "r n -> r n v", v=logits.shape[-1]))
+    padded = not bool(kpm.all())
+    logits = model_logits(model, tokens, kpm if padded else None)
+    return logits.gather(1, repeat(at, "r n -> r n v", v=logits.shape[-1])), padded
+
+
+@torch.no_grad()
+def check_mask_convention(model: Any, tokens: Tensor, kpm: Tensor, true_means: str = "real") -> None:
+    """ValueError unless the model's logits at the real positions of the most padded row are the same with its
+    padding (masked) as without it: a model reading the mask the other way round attends to the padding only.
+
+    Runs `model` in eval mode (restored after) without gradients or RNG use; `kpm` is True = real token.
+    """
+    row = int(kpm.sum(1).argmin())
+    n, width = int(kpm[row].sum()), int(kpm.sum(1).max())
+    call = follow_mask_convention(model, true_means)
+    modules = [model] if isinstance(model, nn.Module) else []
+    modes = [m.training for m in modules]
+    for m in modules:
+        m.eval()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            alone = model_logits(call, tokens[row : row + 1, :n]).float()
+            padded = model_logits(call, tokens[row : row + 1, :width], kpm[row : row + 1, :width])[:, :n].float()
+    finally:
+        for m, mode in zip(modules, modes, strict=True):
+            m.train(mode)
+    change = float((padded - alone).abs().max()) if bool(torch.isfinite(padded).all()) else float("inf")
+    if not change <= 1e-3 * (1.0 + float(alone.abs().max())):
+        shown = "real token" if true_means == "real" else "padding"
+        other = "padding" if true_means == "real" else "real"
+        raise ValueError(
+            f"the model's logits at real positions change by {change:.3g} when {width - n} PAD positions are"
+            f" appended and marked in its key_padding_mask with True = {shown} (mask_true_means={true_means!r}):"
+            f" the model reads the mask the other way round, or ignores it. Try mask_true_means={other!r}: 'padding'"
+            " when True marks padding in the model (PyTorch's convention: nn.MultiheadAttention,"
+            " nn.TransformerEncoder), 'real' when True marks real tokens (framework models, Hugging Face attention"
+            " masks). A model without padding support needs batch_views=False with k_sampling='per_batch'."
+        )
 
 
 class MaskAgnosticLoss(nn.Module):
@@ -98,6 +159,9 @@ class MaskAgnosticLoss(nn.Module):
     k2 ~ U{k1+1..k_max}, drawn once per batch or per example. With `batch_views` both views go through one
     forward pass of 2B rows, right-padded with PAD that a key-padding mask hides from attention; without it each
     view has its own pass, so a model without a key-padding mask works when tails are shared (`per_batch`).
+    `mask_true_means`: what True means in the key_padding_mask the model gets, "real" (a real token: framework
+    models, Hugging Face) or "padding" (PyTorch's nn.MultiheadAttention convention). The first padded batch
+    checks that padding hidden that way leaves the model's real positions unchanged, and refuses it otherwise.
     """
 
     def __init__(
@@ -113,8 +177,10 @@ class MaskAgnosticLoss(nn.Module):
         k_sampling: str = "per_batch",
         partial_target_prob: float = 0.0,
         batch_views: bool = True,
+        mask_true_means: str = "real",
     ):
         super().__init__()
+        _check_true_means(mask_true_means)
         if mask_id == pad_id:
             raise ValueError(f"mask_id and pad_id must differ, both are {mask_id}")
         if divergence not in DIVERGENCES:
@@ -138,10 +204,12 @@ class MaskAgnosticLoss(nn.Module):
         self.divergence, self.ce_views, self.k_sampling = divergence, ce_views, k_sampling
         self.stopgrad_anchor = divergence != "tv_symmetric" if stopgrad_anchor is None else stopgrad_anchor
         self.partial_target_prob, self.batch_views = partial_target_prob, batch_views
+        self.mask_true_means, self._mask_checked = mask_true_means, False
 
     def extra_repr(self) -> str:
         return (f"lam={self.lam}, k1={self.k1}, k_max={self.k_max}, divergence={self.divergence!r}, "
-                f"stopgrad_anchor={self.stopgrad_anchor}, ce_views={self.ce_views!r}, k_sampling={self.k_sampling!r}")
+                f"stopgrad_anchor={self.stopgrad_anchor}, ce_views={self.ce_views!r}, k_sampling={self.k_sampling!r}, "
+                f"mask_true_means={self.mask_true_means!r}")
 
     def sample_k2(self, batch: int, generator: torch.Generator | None = None, device: Any = None) -> Tensor:
         """k2 ~ U{k1+1..k_max}: one draw shared by the batch (`per_batch`) or one per row (`per_example`)."""
@@ -191,11 +259,18 @@ class MaskAgnosticLoss(nn.Module):
         tokens, kpm, at = mask_agnostic_views(
             repeat(prompt, "b p -> (v b) p", v=2), n, torch.cat([k1, k2]), self.mask_id, self.pad_id, lengths, revealed
         )
+        call = follow_mask_convention(model, self.mask_true_means)
         if self.batch_views:
-            picked = _logits_at(model, tokens, kpm, at)
+            picked, padded = _logits_at(call, tokens, kpm, at)
+            checks = [slice(None)] if padded else []
         else:  # one pass per view, each cut to its own length: no padding when tails are shared
             halves = (slice(0, batch), slice(batch, None))
-            picked = torch.cat([_logits_at(model, tokens[h], kpm[h], at[h]) for h in halves])
+            passes = [_logits_at(call, tokens[h], kpm[h], at[h]) for h in halves]
+            picked = torch.cat([logits for logits, _ in passes])
+            checks = [h for h, (_, padded) in zip(halves, passes, strict=True) if padded]
+        if checks and not self._mask_checked:  # once, on the first batch that hands the model a mask
+            check_mask_convention(model, tokens[checks[0]], kpm[checks[0]], self.mask_true_means)
+            self._mask_checked = True
         log_probs = subs_log_probs(picked, tokens.gather(1, at), self.mask_id, never_predict=(self.pad_id,))
         lp1, lp2 = log_probs.chunk(2)
         weight = scored.float() / scored.sum().clamp_min(1)

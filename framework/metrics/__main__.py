@@ -1,4 +1,4 @@
-"""`python -m framework.metrics real.npy fake.npy [--k 5] [--correction gicdm]`: P/R/D/C as JSON.
+"""`python -m framework.metrics real.npy fake.npy [--k 5] [--correction none]`: P/R/D/C as JSON (raw by default).
 
 Each file holds a 2-D (points, dims) array of features (`np.save`); nothing is unpickled.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from framework.metrics.functional import CORRECTIONS, prdc
+from framework.metrics.functional import CORRECTIONS, NEIGHBOURS, prdc
 
 
 def _load(path: str) -> np.ndarray:
@@ -29,14 +29,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("real", help="real features, .npy of shape (N, D)")
     parser.add_argument("fake", help="generated features, .npy of shape (M, D)")
     parser.add_argument("--k", type=int, default=5, help="neighbourhood size (prdc: 5, Kynkäänniemi: 3)")
-    parser.add_argument("--correction", choices=CORRECTIONS, default="none",
-                        help="hubness correction: none (= prdc), icdm (real factors), gicdm (reconstruction)")
+    parser.add_argument("--correction", default="none",
+                        help=f"one of {', '.join(CORRECTIONS)}: none (default, = prdc), icdm (real factors only), "
+                             "gicdm_reconstructed (our reconstruction of GICDM; over-corrects, see docs/gicdm.md)")
+    parser.add_argument("--neighbours", default="exact",
+                        help=f"ICDM neighbours, one of {', '.join(NEIGHBOURS)} (approx_graph: candidate graph)")
     parser.add_argument("--le", action="store_true", help="ball test with <= (Kynkäänniemi) instead of < (prdc)")
     parser.add_argument("--block-size", type=int, default=None, help="tile edge in points (default 1024)")
     args = parser.parse_args(argv)
     real, fake = _load(args.real), _load(args.fake)
     try:
-        out = prdc(real, fake, args.k, args.correction, strict=not args.le, block_size=args.block_size)
+        out = prdc(real, fake, args.k, args.correction, strict=not args.le, neighbours=args.neighbours,
+                   block_size=args.block_size)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

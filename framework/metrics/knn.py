@@ -101,7 +101,7 @@ def exact_sq(a: Tensor, b: Tensor, chunk_elements: int = 2**18) -> Tensor:
 def _pairs_sq(q: Points, qi: Tensor, r: Points, ri: Tensor) -> Tensor:
     """Exact d² for the index pairs (qi[p], ri[p])."""
     out = torch.empty(qi.shape[0], dtype=torch.float64, device=q.x.device)
-    step = max(1, 2**18 // max(q.dim, 1))
+    step = max(1, 2**20 // max(q.dim, 1))
     for i in range(0, qi.shape[0], step):
         out[i : i + step] = exact_sq(q.x[qi[i : i + step]], r.x[ri[i : i + step]])
     return out
@@ -265,6 +265,46 @@ def _resolve(
     pick = key.topk(k, dim=1, largest=False, sorted=False).indices
     top, order = val.gather(1, pick).sort(dim=1)
     return top, idx.gather(1, pick.gather(1, order)), overflow.nonzero().squeeze(1)
+
+
+def knn_from_screened(
+    query: Points,
+    ref: Points,
+    k: int,
+    screened: Tensor,
+    *,
+    self_index: Tensor | None = None,
+    col_scale2: Tensor | None = None,
+    block_size: int | None = None,
+) -> KNN:
+    """`knn` from a screened raw d² matrix that `scan(..., dense=True)` already computed (+inf on self): the same
+    candidates and certificates without a new matmul; rows whose candidates may miss a near-tie are rescanned."""
+    available = len(ref) - (self_index is not None)
+    cands = _Running.__new__(_Running)
+    cands.m = min(available, k + _EXTRA)
+    scaled = screened * col_scale2[None, :] if col_scale2 is not None else screened
+    cands.v, cands.i = scaled.topk(cands.m, dim=1, largest=False, sorted=False)
+    values, index, overflow = _resolve(query, ref, k, cands, col_scale2, available)
+    if overflow.numel():
+        sub = scan(query.subset(overflow), ref, k, self_index=None if self_index is None else self_index[overflow],
+                   col_scale2=col_scale2, block_size=block_size, _m=4 * cands.m)
+        values[overflow], index[overflow] = sub.exact.values, sub.exact.index
+    return KNN(values, index)
+
+
+def with_exact_values(
+    query: Points, ref: Points, nn: KNN, col_scale2: Tensor | None = None, rows: Tensor | None = None
+) -> KNN:
+    """`nn` with every value (not only the k-th) recomputed as the float64 Σ(a − b)², scaled, re-sorted: results
+    that average all k values then depend on the neighbour sets only, not on which screen found them. `rows`: the
+    query indices of `nn`'s rows (default all, in order)."""
+    n, k = nn.index.shape
+    rows = torch.arange(n, device=nn.index.device) if rows is None else rows
+    values = _pairs_sq(query, rows.repeat_interleave(k), ref, nn.index.reshape(-1)).view(n, k)
+    if col_scale2 is not None:
+        values = values * col_scale2[nn.index]
+    values, order = values.sort(dim=1)
+    return KNN(values, nn.index.gather(1, order))
 
 
 def rerank(candidates: KNN, scale2: Tensor, k: int) -> KNN:

@@ -1,8 +1,10 @@
 """A mixture-of-experts transformer LM: the dense `TransformerLM` with its feed-forward layer replaced by `MoE`.
 
 `MoE` routes every token to `top_k` of `num_experts` SwiGLU experts (plus an optional always-on shared expert)
-under an explicit router convention, and adds a Switch-style load-balancing loss to the gradient without
-changing the output (the DeepSeek "add auxiliary loss" trick), so any next-token LightningModule trains it.
+under an explicit router convention. Its Switch-style load-balancing loss is an ordinary loss term: each
+training forward leaves `aux_loss_coef · balance` pending, and the training step adds
+`model.pop_aux_loss()` to the loss it returns, so gradient accumulation, loss multipliers and AMP scaling
+reach it exactly as they reach the main loss (framework modules do this; see `TrainModule.pop_model_aux_loss`).
 Experts are separate modules (one 2-D matrix per tensor), so OLion/Muon orthogonalise each expert on its own and
 width growth (framework.grow) can append copies. Spec: shared/specs/olion_growth.md §2.2.
 """
@@ -10,6 +12,7 @@ width growth (framework.grow) can append copies. Spec: shared/specs/olion_growth
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -61,17 +64,9 @@ def load_balancing_loss(probs: Tensor, idx: Tensor, num_experts: int) -> Tensor:
     return num_experts * (counts / idx.numel() * probs.mean(0)).sum()
 
 
-class _AddAuxLoss(torch.autograd.Function):
-    """Returns `x` unchanged; in backward, `aux` receives gradient 1, as if it were added to the final loss."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, aux: Tensor) -> Tensor:  # type: ignore[override]
-        ctx.aux_shape, ctx.aux_dtype = aux.shape, aux.dtype
-        return x
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
-        return grad, torch.ones(ctx.aux_shape, dtype=ctx.aux_dtype, device=grad.device)
+#: Training forwards whose balance term may wait uncollected; beyond this nobody calls `pop_aux_loss()`, so the
+#: terms are dropped with a warning instead of keeping every step's graph alive.
+MAX_PENDING = 16
 
 
 class Expert(nn.Module):
@@ -89,7 +84,9 @@ class Expert(nn.Module):
 
 class MoE(nn.Module):
     """Top-k routed experts (+ an optional shared expert). Growth protocol: `router` (Linear dim→E), `experts`
-    (ModuleList), `num_experts`, `top_k`; `last_aux_loss` holds the latest balance loss (before the coefficient)."""
+    (ModuleList), `num_experts`, `top_k`; `last_aux_loss` holds the latest balance loss (before the coefficient,
+    detached, for logging). In training mode with grad enabled, each forward also queues `aux_loss_coef · balance`
+    (differentiable) for `pop_aux_loss()`, which the training step adds to its loss."""
 
     def __init__(self, dim: int, num_experts: int, top_k: int, hidden: int, router: str = "softmax_topk_renorm",
                  shared_hidden: int = 0, aux_loss_coef: float = 0.01):
@@ -103,6 +100,16 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(Expert(dim, hidden) for _ in range(num_experts))
         self.shared = Expert(dim, shared_hidden) if shared_hidden else None
         self.last_aux_loss: Tensor | None = None
+        self._pending: list[Tensor] = []  # coef · balance of the training forwards since the last pop
+
+    def pop_aux_loss(self) -> Tensor | None:
+        """The sum of `aux_loss_coef · balance` over the training forwards since the last call (None if none)."""
+        terms, self._pending = self._pending, []
+        return torch.stack(terms).sum() if terms else None
+
+    def __getstate__(self) -> dict:
+        # a queued term is part of a live autograd graph, which deepcopy/pickle cannot copy; a copy starts empty
+        return {**super().__getstate__(), "_pending": []}
 
     def forward(self, x: Tensor) -> Tensor:
         flat = rearrange(x, "b t d -> (b t) d")
@@ -116,7 +123,12 @@ class MoE(nn.Module):
         aux = load_balancing_loss(probs, idx, self.num_experts)
         self.last_aux_loss = aux.detach()
         if self.training and self.aux_loss_coef and torch.is_grad_enabled():
-            out = _AddAuxLoss.apply(out, aux * self.aux_loss_coef)
+            if len(self._pending) >= MAX_PENDING:
+                warnings.warn(f"{MAX_PENDING} MoE balance-loss terms were never collected, so the router gets no"
+                              " balance gradient: add `model.pop_aux_loss()` to the training loss (framework"
+                              " modules do), or set aux_loss_coef=0", stacklevel=2)
+                self._pending.clear()
+            self._pending.append(aux * self.aux_loss_coef)
         return rearrange(out, "(b t) d -> b t d", b=x.shape[0])
 
 
@@ -139,7 +151,8 @@ class MoETransformerLM(RecordsConfig):
     """Token ids (batch, seq) → logits; every block's feed-forward is an `MoE`. Layers are `self.blocks`.
 
     `expert_hidden` defaults to 2·dim (SwiGLU, so an expert has 6·dim² weights); `shared_hidden=0` means no
-    shared expert; `aux_loss_coef` scales the load-balancing loss added to the gradient in training mode.
+    shared expert; `aux_loss_coef` scales the load-balancing loss. The output never contains it: a training
+    step adds `pop_aux_loss()` (coef · balance summed over layers) to its loss.
     """
 
     def __init__(
@@ -194,8 +207,14 @@ class MoETransformerLM(RecordsConfig):
         """The MoE feed-forward layers, first to last."""
         return [block.moe for block in self.blocks]
 
+    def pop_aux_loss(self) -> Tensor | None:
+        """Σ over layers of `aux_loss_coef · balance` from the training forwards since the last call, to be added
+        to the training loss (differentiable); None when there is none (eval mode, no grad, or coef 0)."""
+        terms = [t for t in (m.pop_aux_loss() for m in self.moe_layers()) if t is not None]
+        return torch.stack(terms).sum() if terms else None
+
     def aux_loss(self) -> Tensor | None:
-        """Mean load-balancing loss of the last forward pass over all layers (for logging)."""
+        """Mean load-balancing loss of the last forward pass over all layers (detached, for logging)."""
         losses = [m.last_aux_loss for m in self.moe_layers() if m.last_aux_loss is not None]
         return torch.stack(losses).mean() if losses else None
 

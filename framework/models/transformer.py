@@ -185,9 +185,14 @@ class TransformerLM(RecordsConfig):
         tie_embeddings: bool = False,
     ):
         super().__init__()
-        for key, value in dict(vocab_size=vocab_size, dim=dim, depth=depth, heads=heads).items():
+        sizes = dict(vocab_size=vocab_size, dim=dim, depth=depth, heads=heads, max_seq_len=max_seq_len)
+        for key, value in sizes.items():
             if value < 1:
                 raise ValueError(f"{key}={value} must be a positive integer")
+        if kv_heads is not None and not (1 <= kv_heads <= heads and heads % kv_heads == 0):
+            raise ValueError(f"kv_heads={kv_heads} must divide heads={heads} (1 <= kv_heads <= heads), or be null")
+        if not mlp_ratio > 0 or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"mlp_ratio={mlp_ratio} must be > 0 and dropout={dropout} in [0, 1)")
         self.max_seq_len, self.causal = max_seq_len, causal
         self.embed = nn.Embedding(vocab_size, dim)
         self.drop = nn.Dropout(dropout)

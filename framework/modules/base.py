@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -35,17 +36,37 @@ class TrainModule(L.LightningModule):
         factory = self.optimizer_factory or self.default_optimizer
         optimizer = factory(self.optimized_parameters())
         if self.scheduler_factory is None:
+            self._configured_lrs = base_lrs(optimizer)
             return optimizer
         total = self.total_training_steps() if self._trainer is not None else 1
         total = int(total) if math.isfinite(total) else 1
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": self.scheduler_factory(optimizer, total_steps=total), "interval": "step"},
-        }
+        scheduler = self.scheduler_factory(optimizer, total_steps=total)
+        self._configured_lrs = base_lrs(optimizer)  # after the schedule set each group's `initial_lr`
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_train_start(self) -> None:
+        """After a resume, apply this run's lr where it differs from the checkpoint's (see `rebase_lr`)."""
+        configured = getattr(self, "_configured_lrs", None)
+        if configured is None or len(self.trainer.optimizers) != 1:
+            return
+        schedulers = [c.scheduler for c in self.trainer.lr_scheduler_configs]
+        changed = rebase_lr(self.trainer.optimizers[0], schedulers, configured)
+        if changed and self.trainer.is_global_zero:
+            old, new = changed[0]
+            print(f"resuming with lr {new:g} instead of the checkpoint's {old:g} ({len(changed)} parameter group(s)):"
+                  f" the learning-rate schedule continues from its step, scaled by {new / old:g}",
+                  file=sys.stderr, flush=True)
 
     def optimized_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """(name, parameter) pairs the optimizer gets: the model's trainable ones."""
         return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+
+    def pop_model_aux_loss(self) -> torch.Tensor | None:
+        """The model's auxiliary loss from this step's training forwards (e.g. an MoE's coef · balance loss), to add
+        to the loss `training_step` returns, so accumulation and loss multipliers scale it like the main loss.
+        None when the model has none (`pop_aux_loss` missing or nothing queued)."""
+        pop = getattr(self.model, "pop_aux_loss", None)
+        return pop() if callable(pop) else None
 
     @staticmethod
     def default_optimizer(params: Any) -> torch.optim.Optimizer:
@@ -55,3 +76,40 @@ class TrainModule(L.LightningModule):
     def total_training_steps(self) -> float:
         """The optimizer steps the LR schedule is planned over (may be inf: then the schedule gets 1)."""
         return self.trainer.estimated_stepping_batches
+
+
+def base_lrs(optimizer: torch.optim.Optimizer) -> list[float]:
+    """Each parameter group's base lr: `initial_lr` (set by an LR schedule), else `lr`."""
+    return [float(g.get("initial_lr", g["lr"])) for g in optimizer.param_groups]
+
+
+def rebase_lr(optimizer: torch.optim.Optimizer, schedulers: list[Any], configured: list[float]) -> list[tuple]:
+    """Re-base each group whose base lr (restored from a checkpoint) differs from `configured` (this run's).
+
+    The group's `initial_lr`/`lr` and the schedules' `base_lrs` are scaled by configured/restored, so the schedule
+    continues from its step at the new scale (a `LambdaLR` gives configured·factor(step)). Groups whose lr is
+    unchanged are left untouched, bit for bit. Returns the (restored, configured) pairs that changed.
+    """
+    if len(configured) != len(optimizer.param_groups):
+        raise ValueError(f"{len(configured)} configured lrs for {len(optimizer.param_groups)} parameter groups")
+    changed = []
+    for i, (group, want) in enumerate(zip(optimizer.param_groups, configured, strict=True)):
+        key = "initial_lr" if "initial_lr" in group else "lr"
+        have = float(group[key])
+        if have == want:
+            continue
+        ratio = want / have if have else None
+        group[key] = want
+        if key == "initial_lr" and ratio is not None:
+            group["lr"] = group["lr"] * ratio
+        for sched in schedulers:
+            if getattr(sched, "optimizer", None) is not optimizer or not hasattr(sched, "base_lrs"):
+                continue
+            if ratio is None or sched.base_lrs[i] == have:
+                sched.base_lrs[i] = want
+            else:
+                sched.base_lrs[i] = sched.base_lrs[i] * ratio
+            if getattr(sched, "_last_lr", None) is not None:
+                sched._last_lr[i] = group["lr"]
+        changed.append((have, want))
+    return changed

@@ -31,8 +31,13 @@ class CausalLM(TrainModule):
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        """Next-token CE (logged as `train/loss`) plus the model's auxiliary loss if any (`train/aux_loss`)."""
         loss = self.loss(batch)
         self.log("train/loss", loss, prog_bar=True)
+        aux = self.pop_model_aux_loss()
+        if aux is not None:
+            self.log("train/aux_loss", aux.detach())
+            loss = loss + aux
         return loss
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from framework.losses.mask_agnostic import follow_mask_convention
 from framework.losses.mdlm import LogLinearSchedule, NelboBound, mdlm_nelbo
 from framework.modules.base import TrainModule
 
@@ -25,7 +26,9 @@ class MDLMModule(TrainModule):
     (True = prompt). A fraction `sft_fraction` of rows keeps its prompt clean (LLaDA SFT masking); validation
     reports the NELBO bound of every token, or of the response given the prompt when `sft_fraction=1`. With
     `extra_loss` (a callable `(model, prompt, target, prompt_lengths) -> (loss, stats)`, such as
-    `MaskAgnosticLoss`), the `target_len` tokens right after each prompt are its targets.
+    `MaskAgnosticLoss`), the `target_len` tokens right after each prompt are its targets. The model gets key-padding
+    masks as True = real token, unless the extra loss says otherwise (`mask_true_means="padding"`, PyTorch's
+    convention): then the NELBO's masks are inverted for it too. An MoE model's balance loss is added in training.
     """
 
     def __init__(
@@ -112,6 +115,7 @@ class MDLMModule(TrainModule):
         elif prompt is not None and not train and self.sft_fraction < 1.0:
             prompt = None  # validation: the unconditional NELBO bound over every token
         # (sft_fraction=1: a purely prompt-conditional model; validation bounds the response given the prompt)
+        model = follow_mask_convention(model, getattr(self.extra_loss, "mask_true_means", "real"))
         return mdlm_nelbo(
             model, tokens, self.mask_id, self.schedule,
             attention_mask=attention, prompt_mask=prompt, sampling_eps=self.sampling_eps, generator=generator,
@@ -141,6 +145,10 @@ class MDLMModule(TrainModule):
             for key in ("ce_k1", "ce_k2", "tv"):
                 if key in extra_stats:
                     self.log(f"train/{key}", extra_stats[key])
+        aux = self.pop_model_aux_loss()  # e.g. an MoE's balance loss, from every forward of this step
+        if aux is not None:
+            self.log("train/aux_loss", aux.detach())
+            loss = loss + aux
         self.log("train/loss", loss)
         return loss
 

@@ -1,4 +1,4 @@
-"""A LightningModule that trains nothing and evaluates P/R/D/C (raw and corrected) on each validation batch.
+"""A LightningModule that trains nothing and evaluates P/R/D/C (raw, and corrected if asked) on each validation batch.
 
 It lets `python -m framework.train` run metric experiments like any recipe: each validation batch is one
 configuration `{real, fake, label, scenario, d, param, seed}` (e.g. from `framework.data.hubness.HubnessSweep`),
@@ -19,12 +19,14 @@ import lightning as L
 import torch
 from torch import nn
 
-from framework.metrics.functional import CORRECTIONS, prdc
+from framework.metrics.functional import CORRECTIONS, check_correction, prdc
 from framework.metrics.report import METRICS, write_report
 
 
 class MetricEval(L.LightningModule):
-    """Evaluates `corrections` of P/R/D/C with neighbourhood size `k` on every validation configuration."""
+    """Evaluates `corrections` of P/R/D/C with neighbourhood size `k` on every validation configuration (default:
+    the raw metrics only; add 'icdm' or 'gicdm_reconstructed' to compare corrections). With `metric` (a torchmetrics
+    Metric such as `GICDM`; `metric=gicdm` on the command line) it evaluates that metric instead, with its settings."""
 
     def __init__(
         self,
@@ -32,14 +34,16 @@ class MetricEval(L.LightningModule):
         optimizer: Any = None,
         scheduler: Any = None,
         k: int = 5,
-        corrections: list[str] = ("none", "gicdm"),
+        corrections: list[str] = ("none",),
         out_dir: str | None = None,
         report_name: str = "gicdm_eval",
+        metric: Any = None,
     ):
         super().__init__()
-        bad = [c for c in corrections if c not in CORRECTIONS]
-        if bad or not corrections:
+        if not corrections or any(c not in CORRECTIONS and c != "gicdm" for c in corrections):
             raise ValueError(f"corrections={list(corrections)} must be non-empty, from {', '.join(CORRECTIONS)}")
+        for c in corrections:
+            check_correction(c)  # 'gicdm' gets the error naming its replacement; the reconstruction warns once
         if model is not None and not isinstance(model, nn.Module):
             model = model()  # a registry partial (`model=NAME` on the command line)
         if model is not None:  # a frozen feature extractor: nothing in it is trained or synced
@@ -47,6 +51,14 @@ class MetricEval(L.LightningModule):
         self.model = model  # None when the data are features already
         self.k, self.corrections = k, list(corrections)
         self.out_dir, self.report_name = out_dir, report_name
+        if metric is not None and not callable(getattr(metric, "compute", None)):
+            raise TypeError(f"metric must be a torchmetrics Metric (e.g. `metric=gicdm`), got {metric!r}")
+        # `metric=NAME`: evaluate that Metric, with its own settings, on each configuration instead of the k ×
+        # corrections grid. Each batch is its own configuration, so the metric must not sync across ranks
+        # (the rows are gathered at the end of validation instead).
+        self.metric = metric
+        if metric is not None:
+            metric.distributed_available_fn = lambda: False
         self.automatic_optimization = False
         self.placeholder = nn.Parameter(torch.zeros(()))
         self.rows: list[dict[str, Any]] = []
@@ -71,6 +83,16 @@ class MetricEval(L.LightningModule):
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         real, fake = self.features(batch["real"]), self.features(batch["fake"])
         meta = {k: (v.item() if torch.is_tensor(v) else v) for k, v in batch.items() if k not in ("real", "fake")}
+        if self.metric is not None:
+            start = time.perf_counter()
+            self.metric.reset()
+            self.metric.update(real, real=True)
+            self.metric.update(fake, real=False)
+            out = {k: (v.item() if torch.is_tensor(v) else v) for k, v in self.metric.compute().items()}
+            info = {k: v for k, v in getattr(self.metric, "info", {}).items() if isinstance(v, (int, float, str))}
+            name = getattr(self.metric, "correction", type(self.metric).__name__)
+            self.rows.append({**meta, "correction": name, **info, **out, "seconds": time.perf_counter() - start})
+            return
         for correction in self.corrections:
             start = time.perf_counter()
             out = prdc(real, fake, self.k, correction)

@@ -7,6 +7,7 @@ One optimizer object, so Lightning checkpoints it as one state and LR schedulers
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -45,9 +46,11 @@ def _check_options(opts: dict[str, Any]) -> None:
 class OLion(torch.optim.Optimizer):
     """OLion: W ← W(1−ηλ) − η·s·sign(NS5(c)), c a Nesterov mix of g and the EMA m (§1.2); AdamW for the rest.
 
-    `params`: (name, Parameter) pairs (preferred: `model.named_parameters()`), plain tensors (then routed by
-    ndim alone, so embeddings/heads would go to OLion: pass names), or group dicts (each is routed, unless
-    it sets "use_olion" itself). Each resulting group has `use_olion`; in AdamW groups `lr`, `betas`, `eps`,
+    `params`: (name, Parameter) pairs (preferred: `model.named_parameters()`), plain tensors, or group dicts
+    (each is routed, unless it sets "use_olion" itself). Plain tensors (`model.parameters()`) carry no names,
+    so the default routing sees shapes only and sends EVERY ≥2-D tensor, the embeddings and the output head
+    included, to the orthogonal branch; the optimizer warns once when that happens. Pass names to route them
+    to AdamW. Each resulting group has `use_olion`; in AdamW groups `lr`, `betas`, `eps`,
     `weight_decay` hold the AdamW values (`adamw_*`; `adamw_lr` and `adamw_weight_decay` default to `lr` and
     `weight_decay`). The AdamW branch decays ≥2-D params (embeddings, heads) only, never norms or biases.
 
@@ -107,6 +110,7 @@ class OLion(torch.optim.Optimizer):
         )
         _check_options(defaults)
         self.predicate: Callable[[str, Tensor], bool] = predicate or is_hidden_matrix
+        self._warned_unnamed = False
         super().__init__(normalize_param_groups(params), defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -116,7 +120,11 @@ class OLion(torch.optim.Optimizer):
         _check_options(opts)
         explicit = opts.pop("use_olion", None)
         predicate = self.predicate if explicit is None else (lambda name, p: bool(explicit))
-        for kind, sub in split_group(param_group, predicate).items():
+        subgroups = split_group(param_group, predicate)
+        hidden = subgroups.get("hidden", {})
+        if hidden and "param_names" not in hidden and explicit is None and self.predicate is is_hidden_matrix:
+            self._warn_unnamed(hidden["params"])
+        for kind, sub in subgroups.items():
             self._check_params(sub, hidden=kind == "hidden")
             if kind == "hidden":
                 sub.update(opts, use_olion=True)
@@ -134,6 +142,21 @@ class OLion(torch.optim.Optimizer):
                     weight_decay=wd if kind == "decay" else 0.0,
                 )
             super().add_param_group(sub)
+
+    def _warn_unnamed(self, params: list[Tensor]) -> None:
+        """Once per optimizer: unnamed ≥2-D tensors were routed by shape alone (embeddings/heads included)."""
+        if self._warned_unnamed:
+            return
+        self._warned_unnamed = True
+        shapes = ", ".join(str(tuple(p.shape)) for p in params[:4]) + (", ..." if len(params) > 4 else "")
+        warnings.warn(
+            f"{type(self).__name__} got parameters without names, so it routes them by shape alone: every tensor"
+            f" with ndim >= 2 ({len(params)} here: {shapes}), embeddings and the output head included, goes to the"
+            " orthogonal branch. Pass model.named_parameters() (or (name, tensor) pairs) so embeddings, heads and"
+            " norms go to AdamW; or pass a predicate, or groups with use_olion, to route explicitly.",
+            UserWarning,
+            stacklevel=5,  # the caller of OLion(...)
+        )
 
     @staticmethod
     def _check_params(group: dict[str, Any], hidden: bool) -> None:

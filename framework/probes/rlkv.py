@@ -51,11 +51,35 @@ def answer_token_mask(generated: Tensor, eos_id: int) -> Tensor:
     return (eos.cumsum(dim=1) - eos) == 0
 
 
+def rollout_log_probs(policy: Callable[[Tensor], Tensor], prompt: Tensor, generated: Tensor,
+                      temperature: float = 1.0) -> Tensor:
+    """log π_T(generated[:, i] | prompt, generated[:, :i]) per token (rows, new tokens), π_T = softmax(logits / T).
+
+    T is the temperature the rollouts were sampled at, so the scored policy is the one that sampled them. The
+    logits at sequence position j predict token j + 1: generated token i (at position P + i) is scored by the
+    logits at P + i − 1, and the last generated token is never an input.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0 to score sampled rollouts (0 is greedy decoding)")
+    seq = torch.cat([prompt, generated], dim=1)
+    logits = policy(seq[:, :-1])[:, prompt.shape[1] - 1 :]
+    return F.log_softmax(logits.float() / temperature, dim=-1).gather(-1, generated[..., None]).squeeze(-1)
+
+
+def grpo_policy_loss(log_probs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """−Σ A_r · log π(token) over the scored tokens, over their count: on-policy GRPO (ratio 1, clip inactive).
+
+    A rollout with a positive advantage has its tokens' log-probs pushed up by a descent step, a negative one down.
+    """
+    mask = mask.float()
+    return -(advantages[:, None] * log_probs * mask).sum() / mask.sum().clamp(min=1)
+
+
 class RLKVProbe(HeadProbe):
     """GRPO on the gates of a frozen causal LM; rollouts from the gated policy (`group_size` per prompt).
 
     `penalty` is c, `tau` the reward level below which the L1 switches off. `temperature` is the rollout
-    temperature (1.0 in RLKV for distilled models).
+    temperature (1.0 in RLKV for distilled models); log-probs are scored at the same temperature.
     """
 
     method = "rlkv"
@@ -94,11 +118,9 @@ class RLKVProbe(HeadProbe):
         generated = self.rollouts(prompt)
         rewards = self.reward(generated, answer.repeat_interleave(self.group_size, 0)).detach()
         adv = group_advantages(rewards, self.group_size)
-        seq = torch.cat([prompt.repeat_interleave(self.group_size, 0), generated], dim=1)
-        logits = self.model(seq[:, :-1], gates=self.gates, window=self.window)[:, self.prompt_length - 1 :]
-        logp = F.log_softmax(logits.float(), dim=-1).gather(-1, generated[..., None]).squeeze(-1)
-        mask = answer_token_mask(generated, self.eos_id).float()
-        policy = -(adv[:, None] * logp * mask).sum() / mask.sum().clamp(min=1)
+        logp = rollout_log_probs(lambda seq: self.model(seq, gates=self.gates, window=self.window),
+                                 prompt.repeat_interleave(self.group_size, 0), generated, self.temperature)
+        policy = grpo_policy_loss(logp, adv, answer_token_mask(generated, self.eos_id))
         mean_reward = float(rewards.mean())
         penalty = gate_penalty(self.gates, mean_reward, self.tau, self.penalty)
         self.log("train/reward", mean_reward, prog_bar=True)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
+import re
 import signal
+import threading
 
 import lightning as L
 import pytest
@@ -12,35 +13,45 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import TensorDataset
 
 from framework.callbacks.safety import GracefulInterrupt, NonFiniteLossError, StopOnNonFinite
-from framework.checkpointing import AtomicCheckpointIO, load_checkpoint_file
+from framework.checkpointing import AtomicCheckpointIO, load_checkpoint_file, named_tensors
 from framework.data.resumable import train_loader
 
 
 class Regression(L.LightningModule):
-    """A linear model whose loss turns NaN at `nan_at` and which sends itself SIGINT at `sigint_at` (global steps)."""
+    """A linear model whose loss turns NaN at `nan_at`, is scaled by `scale_at[1]` at step `scale_at[0]`, and which
+    sends itself SIGINT at `sigint_at` (global steps)."""
 
-    def __init__(self, nan_at: int = -1, sigint_at: int = -1):
+    def __init__(self, nan_at: int = -1, sigint_at: int = -1, scale_at: tuple[int, float] = (-1, 1.0),
+                 optimizer: str = "sgd", lr: float = 0.05):
         super().__init__()
         self.net = torch.nn.Linear(4, 1)
-        self.nan_at, self.sigint_at = nan_at, sigint_at
+        self.nan_at, self.sigint_at, self.scale_at = nan_at, sigint_at, scale_at
+        self.optimizer, self.lr = optimizer, lr
+        self.requested_at: list[bool] = []
 
     def training_step(self, batch, batch_idx):
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y)
         if self.global_step == self.sigint_at:
-            os.kill(os.getpid(), signal.SIGINT)
+            # aimed at this (the main) thread: delivered and handled before pthread_kill returns, whatever the load
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+            self.requested_at.append(any(getattr(cb, "requested", False) for cb in self.trainer.callbacks))
+        if self.global_step == self.scale_at[0]:
+            loss = loss * self.scale_at[1]
         return loss * float("nan") if self.global_step == self.nan_at else loss
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
+        if self.optimizer == "adam":
+            return torch.optim.Adam(self.parameters(), lr=self.lr)
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
 
     def train_dataloader(self):  # 8 steps per epoch, shuffled per epoch, resumable mid-epoch
         x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
         return train_loader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8, seed=0, trainer=self.trainer)
 
 
-def _trainer(tmp_path, callbacks, max_steps=12) -> L.Trainer:
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "checkpoints", every_n_train_steps=2, save_last=True, save_top_k=-1,
+def _trainer(tmp_path, callbacks, max_steps=12, every=2) -> L.Trainer:
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "checkpoints", every_n_train_steps=every, save_last=True, save_top_k=-1,
                            filename="step{step:06d}", auto_insert_metric_name=False)
     return L.Trainer(max_steps=max_steps, callbacks=[*callbacks, ckpt], plugins=[AtomicCheckpointIO()], logger=False,
                      enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
@@ -64,9 +75,46 @@ def test_inf_loss_before_any_checkpoint_says_none_was_written(tmp_path):
         def training_step(self, batch, batch_idx):
             return super().training_step(batch, batch_idx) * float("inf")
 
-    with pytest.raises(NonFiniteLossError, match=r"loss is inf at step 1 .*no checkpoint had been written yet"):
+    with pytest.raises(NonFiniteLossError, match=r"loss is inf at step 1 .*no checkpoint from before the loss "
+                                                 r"diverged had been written"):
         _trainer(tmp_path, [StopOnNonFinite()]).fit(Inf())
     assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+
+
+def _finite_everywhere(folder) -> dict[str, int]:
+    """{file name: global step} of every checkpoint in `folder`, after checking every tensor in each is finite."""
+    steps = {}
+    for path in sorted(folder.glob("*.ckpt")):
+        ckpt = load_checkpoint_file(path)
+        bad = [n for n, t in named_tensors({"w": ckpt["state_dict"], "o": ckpt["optimizer_states"]})
+               if not torch.isfinite(t).all()]
+        assert bad == [], f"{path.name}: {bad}"
+        steps[path.name] = ckpt["global_step"]
+    return steps
+
+
+def test_an_update_that_overflows_the_optimizer_state_stops_before_its_checkpoint_is_written(tmp_path):
+    """The loss at step 6 is finite (1e30·mse) but Adam's second moment (0.001·g²) overflows to inf in that step's
+    update: no checkpoint may hold it, and the message names a checkpoint from before the divergence that does
+    resume and train finite with a lower lr."""
+    torch.manual_seed(0)
+    module = Regression(scale_at=(6, 1e30), optimizer="adam", lr=0.01)
+    with pytest.raises(NonFiniteLossError) as err:
+        _trainer(tmp_path, [StopOnNonFinite(resume_hint="python -m framework.train x=1")], every=1).fit(module)
+    message = str(err.value)
+    assert re.search(r"training loss is [0-9.e+]+ at step 7, but that step's optimizer update left NaN/inf in 2 of "
+                     r"\d+ weight and optimizer-state tensors \(e\.g\. optimizer 0 exp_avg_sq of net\.", message)
+    assert module.optimizers().state[module.net.weight]["exp_avg_sq"].isinf().any()  # it did overflow in memory
+    steps = _finite_everywhere(tmp_path / "checkpoints")
+    assert steps["last.ckpt"] == max(steps.values()) == 6  # the step-7 update was never written
+    good = tmp_path / "checkpoints" / "step000005.ckpt"  # step 6's weights gave the diverged loss: not that one
+    assert "the weights of steps 6, 7 had diverged" in message
+    assert f"resume with a lower learning rate: python -m framework.train x=1 ckpt_path={good})" in message
+
+    resumed = Regression(optimizer="adam", lr=0.001)
+    _trainer(tmp_path / "resumed", [StopOnNonFinite()]).fit(resumed, ckpt_path=str(good))
+    assert all(torch.isfinite(p).all() for p in resumed.parameters())
+    assert _finite_everywhere(tmp_path / "resumed" / "checkpoints")["last.ckpt"] == 12
 
 
 def test_ctrl_c_finishes_the_step_saves_and_resumes_exactly(tmp_path, capsys):
@@ -77,9 +125,15 @@ def test_ctrl_c_finishes_the_step_saves_and_resumes_exactly(tmp_path, capsys):
     torch.manual_seed(0)
     guard = GracefulInterrupt(resume_hint="python -m framework.train recipe=x")
     stopped = _trainer(tmp_path / "cut", [guard])
-    stopped.fit(Regression(sigint_at=5))
+    cut = Regression(sigint_at=5)
+    stopped.fit(cut)
+    assert cut.requested_at == [True]  # the handler ran inside step 5, not at some later, load-dependent moment
     assert stopped.global_step == 6  # step 5 (0-based) finished, then the stop
     assert guard.results() == {"interrupted": 1.0}
+    saved = load_checkpoint_file(guard.saved_path)
+    reference = load_checkpoint_file(tmp_path / "full" / "checkpoints" / "step000006.ckpt")
+    assert saved["global_step"] == 6  # the interrupted step's update is in the checkpoint
+    assert all(torch.equal(saved["state_dict"][k], v) for k, v in reference["state_dict"].items())
     err = capsys.readouterr().err
     assert f"resume with: python -m framework.train recipe=x ckpt_path={guard.saved_path}" in err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored

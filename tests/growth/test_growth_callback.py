@@ -120,6 +120,56 @@ def test_a_schedule_grows_depth_then_width_at_their_own_steps(tmp_path):
     assert (tmp_path / "growth_norm_profile.png").stat().st_size > 0
 
 
+class CriterionLM(L.LightningModule):
+    """A plain LightningModule whose `loss` is a criterion (input, target), not a method taking a batch."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = MoETransformerLM(vocab_size=256, dim=32, depth=2, heads=2, num_experts=2, top_k=1)
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def next_token_loss(self, batch):
+        return self.loss(self.model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten())
+
+    def training_step(self, batch, batch_idx):
+        return self.next_token_loss(batch) + self.model.pop_aux_loss()
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def test_a_criterion_named_loss_is_refused_before_training_with_a_message_naming_loss_fn(tmp_path):
+    module = CriterionLM()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    with pytest.raises(TypeError, match=r"CriterionLM\.loss \(CrossEntropyLoss\).*loss_fn=lambda module, batch"):
+        fit(module, [growth()], tmp_path)
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())  # refused before any step
+    with pytest.raises(TypeError, match="loss_fn=3 must be a function"):
+        OrthogonalGrowth(at_step=1, loss_fn=3)
+
+
+def test_loss_fn_measures_growth_on_a_module_whose_loss_is_a_criterion(tmp_path):
+    calls = []
+
+    def measured_loss(module, batch):
+        value = module.next_token_loss(batch)
+        calls.append((module.training, float(value)))
+        return value
+
+    module = CriterionLM()
+    cb = growth(loss_fn=measured_loss, noise_alpha=0.0)
+    fit(module, [cb], tmp_path)
+    measured = cb.done[0]["measured"]
+    assert len(calls) == 2 and not any(training for training, _ in calls)  # before and after, in eval mode
+    assert measured["loss_before"] == calls[0][1] and measured["loss_after"] == calls[1][1]
+    assert measured["layers_after"] == 4
+    # the same loss by name: a method taking a batch
+    named = growth(loss_fn="next_token_loss", noise_alpha=0.0)
+    fit(CriterionLM(), [named], tmp_path / "named")
+    assert named.done[0]["measured"]["loss_before"] == pytest.approx(calls[0][1], abs=0)
+
+
 # ---- G11 -------------------------------------------------------------------------------------------------
 def test_a_post_growth_checkpoint_loads_into_a_fresh_ungrown_module_with_strict_keys(tmp_path):
     module = lm()

@@ -230,3 +230,75 @@ def test_separate_view_passes_need_no_padding_mask_and_match_the_batched_pass():
     separate, stats_s = MaskAgnosticLoss(MASK, PAD, k1=2, k_max=9, batch_views=False)(
         no_padding_support, prompt, target, k2=9)
     assert abs(batched.item() - separate.item()) < 1e-5 and abs(stats_b["tv"] - stats_s["tv"]) < 1e-5
+
+
+class TorchEncoderLM(torch.nn.Module):
+    """A bidirectional LM on nn.TransformerEncoder, whose key_padding_mask is PyTorch's: True = padding."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed, self.pos = torch.nn.Embedding(VOCAB, 32), torch.nn.Embedding(128, 32)
+        layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(32, VOCAB)
+
+    def forward(self, x, key_padding_mask=None):
+        h = self.embed(x) + self.pos(torch.arange(x.shape[1]))
+        return self.head(self.encoder(h, src_key_padding_mask=key_padding_mask))
+
+
+@pytest.mark.parametrize("k_sampling", ["per_batch", "per_example"])
+def test_a_pytorch_convention_model_gets_the_unpadded_result_with_mask_true_means_padding(k_sampling):
+    model, (prompt, target) = TorchEncoderLM(), batch()
+    k2 = torch.tensor([9, 9, 9, 9]) if k_sampling == "per_batch" else torch.tensor([3, 9, 5, 12])
+    rec = Recorder(model)
+    padded, stats = MaskAgnosticLoss(MASK, PAD, k1=2, k_max=12, k_sampling=k_sampling, mask_true_means="padding")(
+        rec, prompt, target, k2=k2)
+    assert rec.calls[0][1] is not None and rec.calls[0][1].any()  # the model did get padding, marked True
+    # the same loss row by row, each row alone at its own length: no padding, no mask
+    ce, tv = [], []
+    for r in range(4):
+        loss_r, stats_r = MaskAgnosticLoss(MASK, PAD, k1=2, k_max=12, batch_views=False)(
+            model, prompt[r : r + 1], target[r : r + 1], k2=int(k2[r]))
+        ce.append(0.5 * (stats_r["ce_k1"] + stats_r["ce_k2"]))
+        tv.append(stats_r["tv"])
+    assert abs(stats["tv"].item() - torch.stack(tv).mean().item()) < 1e-5
+    assert abs(padded.item() - (torch.stack(ce).mean() + torch.stack(tv).mean()).item()) < 1e-5
+
+
+def test_a_mask_read_the_other_way_round_is_refused_not_silently_wrong():
+    prompt, target = batch()
+    refused = r"True = real token \(mask_true_means='real'\).*Try mask_true_means='padding'"
+    with pytest.raises(ValueError, match=refused):
+        MaskAgnosticLoss(MASK, PAD, k1=2, k_max=12)(TorchEncoderLM(), prompt, target, k2=9)
+    with pytest.raises(ValueError, match=r"True = padding \(mask_true_means='padding'\).*Try mask_true_means='real'"):
+        MaskAgnosticLoss(MASK, PAD, k1=2, k_max=12, mask_true_means="padding")(tiny_model(), prompt, target, k2=9)
+    with pytest.raises(ValueError, match="mask_true_means='pytorch' is invalid; valid: real, padding"):
+        MaskAgnosticLoss(MASK, PAD, mask_true_means="pytorch")
+
+
+def test_the_convention_check_runs_once_in_eval_mode_and_leaves_the_model_as_it_was():
+    model = tiny_model().train()
+    rec = Recorder(model)
+    loss_fn, (prompt, target) = MaskAgnosticLoss(MASK, PAD, k1=2, k_max=12), batch()
+    rng = torch.get_rng_state()
+    loss_fn(rec, prompt, target, k2=9)
+    assert len(rec.calls) == 3 and rec.model.training  # the loss's pass, then the check's two (no grad)
+    assert not rec.calls[1][2].requires_grad and torch.equal(torch.get_rng_state(), rng)
+    loss_fn(rec, prompt, target, k2=9)
+    assert len(rec.calls) == 4  # checked once per loss
+
+
+def test_the_mdlm_module_hands_its_nelbo_masks_to_the_model_in_the_extra_losss_convention():
+    from framework.modules.mdlm import MDLMModule
+
+    tokens = torch.randint(2, VOCAB, (2, 10), generator=torch.Generator().manual_seed(0))
+    real = torch.ones(2, 10, dtype=torch.bool)
+    real[1, 6:] = False
+    for true_means, expected in (("real", real), ("padding", ~real)):
+        rec = Recorder(TorchEncoderLM())
+        module = MDLMModule(rec, mask_id=MASK, extra_loss=MaskAgnosticLoss(MASK, PAD, mask_true_means=true_means))
+        module._mdlm_loss(rec, {"tokens": tokens, "attention_mask": real}, train=False,
+                          generator=torch.Generator().manual_seed(0))
+        assert torch.equal(rec.calls[0][1], expected)

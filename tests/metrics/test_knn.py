@@ -121,7 +121,7 @@ def test_scan_returns_screened_width_lists_and_dense_matrix():
 
 def test_bad_inputs_name_the_value_and_what_is_valid():
     x = torch.randn(10, 3)
-    with pytest.raises(ValueError, match=r"correction='gicdmm' is not one of 'none', 'icdm', 'gicdm'"):
+    with pytest.raises(ValueError, match=r"correction='gicdmm' is not one of 'none', 'icdm', 'gicdm_reconstructed'"):
         prdc(x, x, k=3, correction="gicdmm")
     with pytest.raises(ValueError, match=r"k=10 must be in 1\.\.9"):
         prdc(x, x, k=10)

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import json
 
+import lightning as L
 import numpy as np
+import prdc as prdc_ref
 import pytest
 import torch
 from helpers import run_cli
 from torch import nn
 
 from framework.metrics import GICDM, prdc
+from framework.modules.metric_eval import MetricEval
 from framework.registry import METRICS
 
 torch.set_num_threads(1)
 KEYS = ("precision", "recall", "density", "coverage", "hub_skew_real", "hub_skew_real_corrected")
+pytestmark = pytest.mark.filterwarnings("ignore::framework.metrics.ReconstructionWarning")
 
 
 def sets(seed: int = 0, n: int = 300, m: int = 240, d: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,7 +30,7 @@ def as_floats(out: dict) -> dict:
     return {k: float(out[k]) for k in KEYS}
 
 
-@pytest.mark.parametrize("correction", ["none", "gicdm"])
+@pytest.mark.parametrize("correction", ["none", "gicdm_reconstructed"])
 def test_metric_in_batches_equals_the_functional_on_the_concatenated_sets(correction):
     real, fake = sets()
     metric = GICDM(k=5, correction=correction)
@@ -36,8 +40,47 @@ def test_metric_in_batches_equals_the_functional_on_the_concatenated_sets(correc
         metric.update(chunk, real=False)
     out = metric.compute()
     ref = prdc(real, fake, 5, correction)
-    assert out["correction"] == correction
+    assert metric.info["correction"] == correction and metric.info["n_real"] == 300
     assert as_floats(out) == pytest.approx({k: ref[k] for k in KEYS}, abs=1e-6)  # tensors are float32
+
+
+def test_defaults_everywhere_are_the_raw_metrics_of_prdc():
+    real, fake = sets()
+    ref = {k: float(v) for k, v in prdc_ref.compute_prdc(real.numpy(), fake.numpy(), nearest_k=5).items()}
+    assert {k: prdc(real, fake)[k] for k in ref} == ref
+    for metric in (GICDM(), METRICS.build("gicdm")):
+        metric.update(real, real=True)
+        metric.update(fake, real=False)
+        assert as_floats(metric.compute()) == pytest.approx({k: prdc(real, fake)[k] for k in KEYS}, abs=1e-6)
+        assert metric.correction == "none" and metric.info["correction"] == "none"
+    assert MetricEval().corrections == ["none"]
+
+
+class _Logs(L.LightningModule):
+    """The pattern users write: log the metric's compute() with log_dict at the end of validation."""
+
+    def __init__(self, real: torch.Tensor, fake: torch.Tensor, correction: str):
+        super().__init__()
+        self.real, self.fake, self.metric = real, fake, GICDM(correction=correction)
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.metric.update(self.real, real=True)
+        self.metric.update(self.fake, real=False)
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_dict(self.metric.compute())
+        self.metric.reset()
+
+
+@pytest.mark.parametrize("correction", ["none", "icdm"])
+def test_compute_returns_tensors_only_so_log_dict_accepts_it(correction):
+    real, fake = sets()
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    logged = trainer.validate(_Logs(real, fake, correction), torch.utils.data.DataLoader(torch.zeros(1, 1)),
+                              verbose=False)[0]
+    ref = prdc(real, fake, 5, correction)
+    assert logged == pytest.approx({**{k: ref[k] for k in KEYS}, "approx_graph": 0.0}, abs=1e-6)
 
 
 def test_states_are_lists_that_sync_by_concatenation_and_reset_keeps_real_features_on_request():
@@ -75,8 +118,10 @@ def test_feature_extractor_maps_inputs_and_a_timm_backbone_plugs_in():
 
 def test_registered_as_gicdm_and_bad_arguments_are_named():
     assert isinstance(METRICS.build("gicdm"), GICDM)
-    with pytest.raises(ValueError, match="correction='hub' is not one of"):
+    with pytest.raises(ValueError, match="correction='hub' is not one of 'none', 'icdm', 'gicdm_reconstructed'"):
         GICDM(correction="hub")
+    with pytest.raises(ValueError, match=r"options \['neighbors'\] are not prdc options; valid: alpha"):
+        GICDM(options={"neighbors": "exact"})
     with pytest.raises(TypeError, match="feature must be an nn.Module"):
         GICDM(feature="dinov2")
     with pytest.raises(ValueError, match="k=0 must be a positive integer"):
@@ -88,12 +133,15 @@ def test_cli_prints_the_metrics_as_json(tmp_path):
     real, fake = sets(1, 200, 150, 16)
     np.save(tmp_path / "real.npy", real.numpy())
     np.save(tmp_path / "fake.npy", fake.numpy())
-    proc = run_cli(str(tmp_path / "real.npy"), str(tmp_path / "fake.npy"), "--k", "4", "--correction", "gicdm",
-                   module="framework.metrics", timeout=300)
+    proc = run_cli(str(tmp_path / "real.npy"), str(tmp_path / "fake.npy"), "--k", "4", module="framework.metrics",
+                   timeout=300)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    ref = prdc(real, fake, 4, "gicdm")
+    ref = prdc(real, fake, 4)
     assert {k: out[k] for k in KEYS} == {k: ref[k] for k in KEYS}
-    assert out["correction"] == "gicdm" and out["n_real"] == 200 and out["dim"] == 16
+    assert out["correction"] == "none" and out["n_real"] == 200 and out["dim"] == 16
+    old = run_cli(str(tmp_path / "real.npy"), str(tmp_path / "fake.npy"), "--correction", "gicdm",
+                  module="framework.metrics", timeout=300)
+    assert old.returncode == 2 and "correction='gicdm_reconstructed'" in old.stderr
     bad = run_cli(str(tmp_path / "real.npy"), str(tmp_path / "missing.npy"), module="framework.metrics", timeout=300)
     assert bad.returncode != 0 and "no such features file" in bad.stderr

@@ -14,11 +14,12 @@ from framework.metrics import prdc
 from framework.modules.metric_eval import MetricEval
 
 torch.set_num_threads(1)
+pytestmark = pytest.mark.filterwarnings("ignore::framework.metrics.ReconstructionWarning")
 
 
 def test_validation_writes_the_table_json_and_plots_and_logs_seed_means(tmp_path):
     data = HubnessSweep(n=120, dims=[2, 32], seeds=2, digits=False, ood_dim=16, ood_fractions=[0.0, 0.5])
-    module = MetricEval(k=3, corrections=["none", "gicdm"], out_dir=str(tmp_path))
+    module = MetricEval(k=3, corrections=["none", "gicdm_reconstructed"], out_dir=str(tmp_path))
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
     logged = trainer.validate(module, datamodule=data, verbose=False)[0]
@@ -26,8 +27,8 @@ def test_validation_writes_the_table_json_and_plots_and_logs_seed_means(tmp_path
         assert (tmp_path / name).stat().st_size > 0
     rows = json.loads((tmp_path / "gicdm_eval.json").read_text())["rows"]
     assert len(rows) == (2 * 2 + 2) * 2  # (dims × seeds + OOD fractions) × corrections
-    seeds = [prdc(*gaussian_pair(120, 32, s), 3, "gicdm")["precision"] for s in (0, 1)]
-    assert logged["gauss_d32/precision_gicdm"] == pytest.approx(sum(seeds) / 2, abs=1e-6)
+    seeds = [prdc(*gaussian_pair(120, 32, s), 3, "gicdm_reconstructed")["precision"] for s in (0, 1)]
+    assert logged["gauss_d32/precision_gicdm_reconstructed"] == pytest.approx(sum(seeds) / 2, abs=1e-6)
     table = (tmp_path / "gicdm_eval.md").read_text()
     assert "| gauss_d32 | 32 | 2 |" in table and "none: P / R / D / C" in table
 
@@ -53,5 +54,6 @@ def test_configurations_are_deterministic_and_sharded_by_rank():
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match=r"dims=\[0\] must be a non-empty list of positive dimensions"):
         HubnessSweep(dims=[0])
-    with pytest.raises(ValueError, match=r"corrections=\['raw'\] must be non-empty, from none, icdm, gicdm"):
+    with pytest.raises(ValueError, match=r"corrections=\['raw'\] must be non-empty, from none, icdm, "
+                                         r"gicdm_reconstructed"):
         MetricEval(corrections=["raw"])

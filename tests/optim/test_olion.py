@@ -251,10 +251,45 @@ def test_default_predicate_table(name, shape, hidden):
 
 def test_plain_tensors_are_routed_by_ndim_only():
     model = TinyGPT()
-    opt = OLion(model.parameters())
+    with pytest.warns(UserWarning, match="without names"):
+        opt = OLion(model.parameters())
     olion = [p for g in opt.param_groups if g["use_olion"] for p in g["params"]]
     assert any(p is model.wte.weight for p in olion) and all(p.ndim == 2 for p in olion)
     assert all("param_names" not in g for g in opt.param_groups)
+
+
+def olion_warnings(make, steps: int = 0) -> list[str]:
+    """The OLion routing warnings raised while building an optimizer with `make()` and taking `steps` steps."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = make()
+        for _ in range(steps):
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    p.grad = torch.ones_like(p)
+            opt.step()
+    return [str(w.message) for w in caught if "without names" in str(w.message)]
+
+
+def test_unnamed_parameters_warn_once_that_embeddings_and_head_go_to_the_orthogonal_branch():
+    model = TinyGPT()
+    messages = olion_warnings(lambda: OLion(model.parameters(), lr=1e-3), steps=3)
+    assert len(messages) == 1  # once per optimizer, never per step
+    n_matrices = sum(p.ndim >= 2 for p in model.parameters())
+    assert f"{n_matrices} here" in messages[0] and "embeddings and the output head" in messages[0]
+    assert "model.named_parameters()" in messages[0]
+    groups = [{"params": list(model.h.parameters())}, {"params": list(model.lm_head.parameters())}]
+    assert len(olion_warnings(lambda: OLion(groups))) == 1  # two unnamed groups, still one warning
+
+
+def test_no_routing_warning_with_names_an_explicit_branch_a_custom_predicate_or_no_matrices():
+    model = TinyGPT()
+    assert olion_warnings(lambda: OLion(model.named_parameters()), steps=1) == []
+    assert olion_warnings(lambda: OLion([{"params": list(model.parameters()), "use_olion": False}])) == []
+    assert olion_warnings(lambda: OLion(model.parameters(), predicate=lambda n, p: p.ndim == 2)) == []
+    assert olion_warnings(lambda: OLion([model.ln_f.weight])) == []  # a vector goes to AdamW either way
 
 
 def test_group_dicts_keep_their_options_and_can_force_a_branch():

@@ -20,6 +20,8 @@ from framework.probes.rlkv import (
     answer_token_mask,
     gate_penalty,
     group_advantages,
+    grpo_policy_loss,
+    rollout_log_probs,
 )
 
 
@@ -77,6 +79,94 @@ def test_group_advantages_are_normalised_within_consecutive_groups():
 def test_answer_token_mask_covers_tokens_up_to_and_including_the_first_eos():
     generated = torch.tensor([[5, 6, 3, 0, 0], [3, 0, 0, 0, 0], [5, 5, 5, 5, 5]])
     assert answer_token_mask(generated, eos_id=3).long().tolist() == [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1] * 5]
+
+
+# ---- GRPO scoring: log-prob alignment, temperature, advantage signs -------------------------------------------
+class Bigram(torch.nn.Module):
+    """logits[b, j] = table[seq[b, j]] + step[j]: depends on the token at j and on j, so an off-by-one shows."""
+
+    def __init__(self, vocab: int = 9, width: int = 16, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.table = torch.nn.Parameter(torch.randn(vocab, vocab, generator=g) * 2)
+        self.step = torch.nn.Parameter(torch.randn(width, vocab, generator=g))
+
+    def forward(self, seq):
+        return self.table[seq] + self.step[: seq.shape[1]]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 2.0])
+def test_each_sampled_token_is_scored_by_the_position_that_predicted_it_at_the_sampling_temperature(temperature):
+    policy = Bigram()
+    prompt = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    generated = torch.tensor([[7, 8, 0, 2], [3, 1, 4, 8]])
+    got = rollout_log_probs(policy, prompt, generated, temperature)
+    seq = torch.cat([prompt, generated], 1)
+    p = prompt.shape[1]
+
+    def by_hand(shift):  # the log-prob of generated[r, i] read from the logits at position p + i - 1 + shift
+        out = torch.empty(generated.shape)
+        for r in range(2):
+            for i in range(generated.shape[1]):
+                j = min(max(p + i - 1 + shift, 0), seq.shape[1] - 1)
+                logits = policy.table[seq[r, j]] + policy.step[j]
+                out[r, i] = torch.log_softmax(logits / temperature, -1)[generated[r, i]]
+        return out.detach()
+
+    torch.testing.assert_close(got.detach(), by_hand(0), rtol=0, atol=1e-6)
+    for shift in (-1, 1):  # an off-by-one either way gives clearly different numbers
+        assert (got.detach() - by_hand(shift)).abs().max() > 0.1
+    if temperature != 1.0:
+        assert (got.detach() - rollout_log_probs(policy, prompt, generated, 1.0).detach()).abs().max() > 0.1
+    with pytest.raises(ValueError, match="temperature=0"):
+        rollout_log_probs(policy, prompt, generated, 0.0)
+
+
+def test_a_rollout_better_than_its_group_gains_log_prob_and_worse_ones_lose_it():
+    policy = Bigram(vocab=12)
+    prompt = torch.tensor([[0], [1], [2], [3]])  # every row has its own contexts, so rows do not interact
+    generated = torch.tensor([[4, 8], [5, 9], [6, 10], [7, 11]])
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.5])
+    adv = group_advantages(rewards, 4)
+    assert adv[0] > 0 and adv[3] > 0 and adv[1] < 0 and adv[2] < 0  # above / below the group mean
+    before = rollout_log_probs(policy, prompt, generated).sum(1).detach()
+    grpo_policy_loss(rollout_log_probs(policy, prompt, generated), adv, torch.ones(4, 2, dtype=torch.bool)).backward()
+    with torch.no_grad():
+        for param in policy.parameters():
+            param -= 0.1 * param.grad
+    change = rollout_log_probs(policy, prompt, generated).sum(1).detach() - before
+    assert torch.equal(torch.sign(change), torch.sign(adv))
+
+
+def test_tokens_after_eos_get_no_gradient_and_the_loss_is_the_token_mean():
+    logp = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -0.5]], requires_grad=True)
+    adv = torch.tensor([2.0, -1.0])
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    loss = grpo_policy_loss(logp, adv, mask)
+    assert loss.item() == pytest.approx(-(2.0 * (-3.0) + -1.0 * (-1.5)) / 5)
+    loss.backward()
+    assert logp.grad[0, 2] == 0 and logp.grad[0, 0] == pytest.approx(-2.0 / 5) and logp.grad[1, 0] == pytest.approx(0.2)
+
+
+def test_the_probe_scores_its_rollouts_at_its_sampling_temperature():
+    data = tiny_data()
+    probe = RLKVProbe(tiny_base(data), group_size=2, penalty=0.0, temperature=0.5, save_allocation=False,
+                      reward=lambda generated, answer: torch.arange(generated.shape[0]).remainder(2).float())
+    probe.prompt_length, probe.max_new_tokens = data.prompt_length, data.max_new_tokens
+    probe.eos_id, probe.pad_id = data.eos_id, data.pad_id
+    batch = data.train_set.rows[:3]
+    prompt = batch[:, : data.prompt_length].repeat_interleave(2, 0)
+    generated = probe.rollouts(batch[:, : data.prompt_length])
+    with torch.no_grad():
+        logits = probe.model(torch.cat([prompt, generated], 1), gates=probe.gates, window=probe.window)
+    logits = logits[:, data.prompt_length - 1 : -1]
+    logp = torch.log_softmax(logits / 0.5, -1).gather(-1, generated[..., None]).squeeze(-1)
+    mask = answer_token_mask(generated, data.eos_id).float()
+    adv = torch.tensor([-0.5, 0.5]).repeat(3) / (torch.tensor([0.0, 1.0]).std() + 1e-4)  # rewards 0, 1 per group
+    expected = -(adv[:, None] * logp * mask).sum() / mask.sum()
+    with pytest.warns(UserWarning, match="self.log"):  # no trainer attached: logging is skipped
+        loss = probe.training_step(batch, 0)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
 # ---- the probe modules -------------------------------------------------------------------------------------------

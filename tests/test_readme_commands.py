@@ -1,0 +1,138 @@
+"""The README's "Running and composing" section, run as printed: every line of its command blocks, verbatim.
+
+Only two things differ from a reader's shell: `python` is this interpreter, and `FRAMEWORK_SMOKE=1` (documented in
+that section) shrinks each run to its recipe's smoke size; `framework.ls` lines run in this process. Each command
+runs in its own empty directory, so its `outputs/` and `multirun/` are its own. The one placeholder,
+`outputs/train/...` in the resume line, is filled with the run dir of the section's first command (the same
+recipe and settings), in that command's directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import REPO
+
+from framework.ls import main as ls_main
+
+SECTION = "## Running and composing"
+PLACEHOLDER = "outputs/train/..."
+
+
+def section_blocks(text: str) -> list[tuple[str, list[str]]]:
+    """(language, lines) of every fenced block between SECTION and the next `## ` heading."""
+    body = text.split(SECTION, 1)[1]
+    body = re.split(r"^## ", body, maxsplit=1, flags=re.M)[0]
+    return [(lang, code.strip("\n").splitlines()) for lang, code in re.findall(r"^```(\w*)\n(.*?)^```", body,
+                                                                              flags=re.M | re.S)]
+
+
+def commands(lang: str = "bash") -> list[list[str]]:
+    """Every command line of the section's `lang` blocks, split as a shell would (comments dropped)."""
+    blocks = section_blocks((REPO / "README.md").read_text())
+    return [shlex.split(line, comments=True) for kind, lines in blocks if kind == lang for line in lines
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`argv` as a shell in `cwd` would run it; `python -m framework.ls ...` in this process (it is a pure
+    `main(argv)`; the catalog import is what a new process would spend its time on)."""
+    assert argv[0] == "python", argv
+    if _ls(argv):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = ls_main(argv[3:])
+        return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "FRAMEWORK_SMOKE": "1"}
+    return subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+def _ls(argv: list[str]) -> bool:
+    return argv[1:3] == ["-m", "framework.ls"]
+
+
+def test_the_section_has_the_commands_this_test_knows_how_to_check():
+    cmds = commands()
+    assert sum(PLACEHOLDER in " ".join(c) for c in cmds) == 1  # the resume line
+    assert cmds[0][:4] == ["python", "-m", "framework.train", "recipe=char_lm"] and len(cmds[0]) == 4
+    assert all(c[:3] in (["python", "-m", "framework.train"], ["python", "-m", "framework.ls"]) for c in cmds)
+
+
+@pytest.mark.ddp
+def test_every_command_of_running_and_composing_runs_as_printed(tmp_path):
+    cmds = commands()
+    resume = next(i for i, c in enumerate(cmds) if PLACEHOLDER in " ".join(c))
+    dirs = [tmp_path / f"cmd{i}" for i in range(len(cmds))]
+    for d in dirs:
+        d.mkdir()
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two at a time: most of each is the import
+        futures = {i: pool.submit(run, c, dirs[i]) for i, c in enumerate(cmds) if i != resume and not _ls(c)}
+        done = {i: run(c, dirs[i]) for i, c in enumerate(cmds) if _ls(c)}  # in this thread: it redirects stdout
+        first = futures[0].result()
+        assert first.returncode == 0, first.stderr[-3000:]
+        (run_dir,) = (dirs[0] / "outputs" / "train").iterdir()
+        filled = [a.replace(PLACEHOLDER, f"outputs/train/{run_dir.name}") for a in cmds[resume]]
+        futures[resume] = pool.submit(run, filled, dirs[0])
+        done.update({i: f.result() for i, f in futures.items()})
+    for i, proc in sorted(done.items()):
+        assert proc.returncode == 0, f"{shlex.join(cmds[i])}\n{proc.stderr[-3000:]}"
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for i, cmd in enumerate(cmds):  # and each did what its comment says
+        out, line = done[i].stdout, " ".join(cmd)
+        if "--help" in cmd:
+            assert "== Configuration groups ==" in out and "recipe: char_lm" in out
+        elif "--cfg" in cmd:
+            assert "_target_: framework.data.text.ByteCorpus" in out and not (dirs[i] / "outputs").exists()
+        elif "-m" in cmd[3:]:
+            runs = sorted((dirs[i] / "multirun").glob("train/*/*/results.json"))
+            assert sorted(json.loads(r.read_text())["choices"]["optimizer"] for r in runs) == ["adamw", "sgd"]
+        elif cmd[2] == "framework.train":
+            where = dirs[0 if i == resume else i] / "outputs" / "train"
+            results = [json.loads(r.read_text()) for r in where.glob("*/results.json")]
+            assert len(results) == (2 if i in (0, resume) else 1), line  # the first dir: the run and its resumption
+            assert all(r["recipe"] == "char_lm" for r in results)
+            if "optimizer=sgd" in cmd:
+                assert results[0]["choices"]["optimizer"] == "sgd"
+            if "trainer.max_steps=50" in cmd:
+                assert results[0]["global_step"] == 50 and results[0]["choices"]["optimizer"] == "adamw"
+            if "trainer.devices=2" in cmd:
+                assert (where / Path(results[0]["run_dir"]).name / "results.rank1.json").is_file()
+        else:
+            assert out.strip(), line  # framework.ls lists something
+    (resumed_json,) = [p for p in (dirs[0] / "outputs" / "train").glob("*/results.json") if p.parent != run_dir]
+    resumed = json.loads(resumed_json.read_text())
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert "ckpt_path=" in resumed["command"] and resumed["global_step"] == ckpt["global_step"] > 0
+
+
+def test_the_sample_error_in_the_section_is_what_the_command_prints(tmp_path):
+    blocks = [lines for lang, lines in section_blocks((REPO / "README.md").read_text()) if lang == ""]
+    shown = [(lines[0][2:], lines[1]) for lines in blocks if lines and lines[0].startswith("$ ")]
+    assert shown, "the section shows a command and its error"
+    for command, printed in shown:
+        proc = run(shlex.split(command), tmp_path)
+        assert proc.returncode == 2
+        assert proc.stderr.strip().splitlines()[-1].startswith(printed.split("...")[0].rstrip(". ")), proc.stderr
+        assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_the_python_snippet_of_what_is_registered_runs():
+    text = (REPO / "README.md").read_text().split(SECTION, 1)[1]
+    part = re.split(r"^###? ", text.split("### What is registered", 1)[1], maxsplit=1, flags=re.M)[0]
+    blocks = [code.splitlines() for code in re.findall(r"^```python\n(.*?)^```", part, flags=re.M | re.S)]
+    assert blocks
+    for lines in blocks:
+        scope: dict = {}
+        exec(compile("\n".join(lines), "README.md", "exec"), scope)  # noqa: S102 - the README's own code
+        assert isinstance(scope["opt"], torch.optim.AdamW)
