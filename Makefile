@@ -11,7 +11,7 @@ DEMO_ARGS ?= recipe=mdlm_mask_agnostic data.context_len=8 data.n_symbols=8 model
 
 .PHONY: install demo test test-slow bench bench-quick lint clean
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)

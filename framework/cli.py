@@ -22,6 +22,13 @@ def check_choices(argv: list[str]) -> None:
         return  # Hydra reports malformed overrides itself
     for ov in overrides:
         key = ov.key_or_group
+        if key == "size" and not ov.is_delete():  # the size presets live in conf/size/, not in a registry
+            from framework.recipe import SIZES
+
+            bad = [str(v) for v in _values(ov) if str(v) not in SIZES]
+            if bad:
+                raise UnknownNameError("size", bad[0], list(SIZES))
+            continue
         if key not in GROUPS or ov.is_delete():
             continue
         registry = GROUPS[key]
@@ -58,9 +65,10 @@ def check_settings(argv: list[str], config_name: str = "train") -> None:
     from omegaconf import OmegaConf
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
+    search = [a for a in argv if a.startswith("hydra.searchpath=")]  # where YAML recipes may come from
     with initialize(version_base="1.3", config_path=None):
         try:
-            compose(config_name, overrides=args)
+            compose(config_name, overrides=[*search, *args])
             return
         except ConfigCompositionException as err:
             cause = err.__cause__
@@ -70,7 +78,7 @@ def check_settings(argv: list[str], config_name: str = "train") -> None:
             given = next((a.split("=", 1)[1] for a in args if a.split("=", 1)[0] == key), None)
             if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
                 parent, _, leaf = key.rpartition(".")
-                base = compose(config_name, overrides=[a for a in args if a.split("=", 1)[0] != key])
+                base = compose(config_name, overrides=[*search, *(a for a in args if a.split("=", 1)[0] != key)])
                 node = OmegaConf.select(base, parent) if parent else base
                 keys = node.keys() if hasattr(node, "keys") else []
                 known = sorted(str(k) for k in keys if not str(k).startswith("_"))

@@ -15,7 +15,6 @@ Exit codes: 0 done, 2 refused input (unknown source, causal model, prompt too lo
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from framework.diffusion.sampling import REMASKING, ddpm_cache_sample, generate
-from framework.models.lora import merge_lora_state
+from framework.runs import Build, RunDir
 
 BYTES = 256
 PLACEHOLDER = re.compile(rb"\[MASK\]|_{3,}")
@@ -115,14 +114,6 @@ def generate_text(
 
 
 # ---- loading ---------------------------------------------------------------------------------------------------
-def _spec_for_checkpoint(ckpt: Path) -> Path:
-    for folder in (ckpt.parent.parent, ckpt.parent):  # RUN_DIR/checkpoints/x.ckpt, or next to it
-        if (folder / "model_config.json").is_file():
-            return folder / "model_config.json"
-    raise FileNotFoundError(f"found no model_config.json for {ckpt} (looked in {ckpt.parent.parent} and "
-                            f"{ckpt.parent}): pass the run dir of a `python -m framework.train` run")
-
-
 def _mask_id(spec: dict[str, Any]) -> int:
     """The stored [MASK] id; without one, MDLM's convention (the last id of the vocabulary)."""
     config = spec.get("config", {})
@@ -136,50 +127,23 @@ def _mask_id(spec: dict[str, Any]) -> int:
     return int(mask_id) if mask_id is not None else vocab - 1
 
 
-def _state(ckpt: Path, ema: bool) -> dict[str, Tensor]:
-    from framework.hub import UnsafeWeightsError, state_from_checkpoint
+def load_source(source: str, ema: bool = False, build: Build | None = None) -> tuple[nn.Module, int]:
+    """(model in eval mode, mask id) from a run dir, a `.ckpt` file or a Hub repo id; `ema` picks the EMA weights.
 
-    if not ema:
-        return state_from_checkpoint(ckpt)
-    try:
-        raw = torch.load(ckpt, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise UnsafeWeightsError(f"cannot load {ckpt} with weights_only=True: {err}") from err
-    state = {k.removeprefix("ema."): v for k, v in raw.get("state_dict", {}).items() if k.startswith("ema.")}
-    if not state:
-        raise ValueError(f"{ckpt} has no EMA weights (trained with module.ema_decay=0); drop --ema")
-    return state
-
-
-def load_source(source: str, ema: bool = False) -> tuple[nn.Module, int]:
-    """(model in eval mode, mask id) from a run dir, a `.ckpt` file or a Hub repo id; `ema` picks the EMA weights."""
-    path = Path(source)
-    if path.is_dir() or path.is_file():
+    `build(name, config)` builds the named model (default: the catalog's)."""
+    if build is None:
+        from framework.hub.catalog import build
+    if Path(source).exists():
         from framework.hub import validate_config
-        from framework.registry import MODELS
 
-        if path.is_dir():
-            spec_path, ckpt = path / "model_config.json", path / "checkpoints" / "last.ckpt"
-            if not spec_path.is_file():
-                raise FileNotFoundError(f"{source!r} has no model_config.json: not a framework.train run dir")
-        else:
-            spec_path, ckpt = _spec_for_checkpoint(path), path
-        spec = json.loads(spec_path.read_text())
+        run = RunDir(source)
+        spec = run.spec()
         validate_config({"name": spec.get("name"), "config": spec.get("config", {})})
         mask_id = _mask_id(spec)
-        if not ckpt.is_file():
-            raise FileNotFoundError(f"{source!r} has no checkpoints/last.ckpt (train with the `checkpoint` callback)")
-        model = MODELS.build(spec["name"], **spec.get("config", {}))
-        try:
-            model.load_state_dict(merge_lora_state(_state(ckpt, ema)), strict=True)
-        except RuntimeError as err:
-            raise ValueError(f"{ckpt} does not fit the model in {spec_path}: {err}") from err
-        return model.eval(), mask_id
+        return run.load(build, ema=ema).eval(), mask_id
     if source.endswith(".ckpt") or source.startswith((".", "/", "~")) or source.count("/") != 1:
         raise FileNotFoundError(f"unknown source {source!r}: no such run dir or .ckpt file, and not a Hub repo id"
                                 " ('namespace/name'); valid sources: RUN_DIR, RUN_DIR/checkpoints/X.ckpt, REPO_ID")
-    if ema:
-        raise ValueError("--ema needs a run dir or .ckpt; a Hub repo holds one set of weights")
     from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
     from framework.hub import check_repo_id, from_pretrained, load_config
@@ -190,7 +154,7 @@ def load_source(source: str, ema: bool = False) -> tuple[nn.Module, int]:
     except (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as err:
         raise FileNotFoundError(f"unknown source {source!r}: no such run dir or .ckpt here, and no such model on the"
                                 f" Hub ({type(err).__name__}); valid sources: RUN_DIR, a .ckpt file, REPO_ID") from err
-    return from_pretrained(source), _mask_id(config)
+    return from_pretrained(source, build=build), _mask_id(config)
 
 
 # ---- CLI -----------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`python -m framework.ls [kind] [pattern]`: what is registered, one kind per line (`-v`: one name per line).
+"""`python -m framework.ls [kind] [pattern] [hydra.searchpath=[file://FOLDER]]`: what is registered, one kind per
+line (`-v`: one name per line). YAML recipes count: conf/recipe/, and FOLDER/recipe/ as `framework.train` reads them.
 
 A kind can be named as the registry calls it (`callback`) or as its Hydra group does (`callbacks`)."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from framework.recipe import CONF_DIR, load_conf, searchpath_folders
 from framework.registry import GROUPS, KINDS, Registry, UnknownNameError, load_catalog
 
 
@@ -24,8 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("kind", nargs="?", help=f"one of: {names}")
     parser.add_argument("pattern", nargs="?", default="*", help="shell wildcard, e.g. 'mdlm_*'")
     parser.add_argument("-v", "--verbose", action="store_true", help="one name per line, with its description")
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args([a for a in argv if not a.lstrip("+").startswith("hydra.searchpath=")])
     load_catalog()
+    load_conf(CONF_DIR)
+    for folder in searchpath_folders(argv):
+        load_conf(folder, store=False)
     try:
         registries = [find_kind(args.kind)] if args.kind else list(KINDS.values())
     except UnknownNameError as err:

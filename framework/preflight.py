@@ -217,10 +217,8 @@ def build_parts(job: DictConfig, choices: dict[str, Any]) -> None:
     trainer = parts.pop("trainer")
     if data is None or parts["module"] is None:
         return
-    if getattr(data, "seed", 0) is None:
-        data.seed = job.seed
     with _refusal(None, choices), init_empty_weights():
-        lm, callbacks = assemble(data=data, callbacks=callbacks, seed=job.seed, **parts)
+        lm, callbacks = assemble(data=data, callbacks=callbacks, seed=job.seed, choices=choices, **parts)
         if hasattr(lm, "configure_optimizers"):
             try:
                 lm.configure_optimizers()
@@ -248,10 +246,12 @@ def check_lengths(data: Any, model: Any, choices: dict[str, Any]) -> None:
 
 def check_init_from(source: str) -> None:
     """`init_from=` names an existing run dir, a `.ckpt` file, or a model repo the Hub has (one short request)."""
+    from framework.runs import LAST_CHECKPOINT
+
     path = Path(source)
     if path.is_dir():
-        if not (path / "checkpoints" / "last.ckpt").is_file():
-            raise PreflightError(f"init_from={source}: the run dir has no checkpoints/last.ckpt")
+        if not (path / LAST_CHECKPOINT).is_file():
+            raise PreflightError(f"init_from={source}: the run dir has no {LAST_CHECKPOINT}")
         return
     if path.is_file():
         return

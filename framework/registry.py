@@ -102,17 +102,11 @@ class Registry:
         name: str | None = None,
         aliases: tuple[str, ...] | list[str] = (),
         description: str = "",
-        hydra_config: Any = None,
         **defaults: Any,
     ) -> Any:
-        """Register `target` (usable as a decorator). Names are lower_snake_case; duplicates are refused.
-
-        `hydra_config` stores a ready-made config instead of `builds(target, ...)` (recipes use this).
-        """
+        """Register `target` (usable as a decorator). Names are lower_snake_case; duplicates are refused."""
         if target is None:
-            return lambda t: self.register(
-                t, name=name, aliases=aliases, description=description, hydra_config=hydra_config, **defaults
-            )
+            return lambda t: self.register(t, name=name, aliases=aliases, description=description, **defaults)
         key = name or _snake(getattr(target, "__name__", ""))
         for n in (key, *aliases):
             if not n or not n.replace("_", "").isalnum() or n != n.lower() or n[0].isdigit():
@@ -129,7 +123,7 @@ class Registry:
         for a in aliases:
             self._aliases[a] = key
         if self._store is not None:
-            cfg = hydra_config if hydra_config is not None else self._builds(entry)
+            cfg = self._builds(entry)
             for n in (key, *aliases):
                 pkg = self.package.format(name=n) if self.package else None
                 self._store(cfg, group=self.group, name=n, package=pkg)
@@ -172,11 +166,6 @@ class Registry:
         """Call the component with its registered defaults, overridden by `kwargs`."""
         entry = self.entry(name)
         return entry.target(*args, **{**entry.defaults, **kwargs})
-
-    def config(self, name: str, **overrides: Any) -> Any:
-        """The hydra-zen config for `name` (a dataclass type), with optional overrides."""
-        entry = self.entry(name)
-        return builds(entry.target, populate_full_signature=True, **{**entry.defaults, **overrides})
 
     def names(self, pattern: str = "*", *, aliases: bool = False) -> list[str]:
         """Sorted names matching a shell wildcard (`names("mdlm_*")`), like timm's `list_models`."""

@@ -10,25 +10,23 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
-import json
-import math
 import os
 import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from hydra.conf import HydraConf, JobConf, RunDir, SweepDir
 from hydra.core.hydra_config import HydraConfig
 from hydra_zen import builds, make_config, zen
 
-from framework import __version__
+from framework.callbacks.run_record import RunRecord, numbers
 from framework.callbacks.safety import GracefulInterrupt, NonFiniteLossError, StopOnNonFinite
 from framework.checkpointing import AtomicCheckpointIO, CheckpointError, ResumableCSVLogger, check_checkpoint
-from framework.registry import METRICS, MODULES, ZEN_STORE, load_catalog
+from framework.modules.data_spec import DataSpec
+from framework.registry import LOSSES, METRICS, MODULES, ZEN_STORE, load_catalog
+from framework.run_log import log_to_run_file, quiet_console
 
 RUN_DIR = "${hydra:runtime.output_dir}"
 
@@ -64,7 +62,10 @@ DEFAULTS = [
     {"loss": None},
     {"metric": None},  # a registered metric (e.g. `metric=gicdm`), for modules that take one
     {"sampler": None},  # dynamic data selection (`sampler=data_agent`); None trains on every sample as before
-    {"recipe": None},  # last: a recipe overrides the choices above; None lets `recipe=NAME` go without '+'
+    {"recipe": None},  # a recipe overrides the choices above; None lets `recipe=NAME` go without '+'
+    {"size": "cpu"},  # conf/size/: cpu (the recipe's own values), smoke, gpu; after the recipe, so it wins
+    {"optional preset": "${recipe}/${size}"},  # conf/preset/RECIPE/SIZE.yaml: that recipe's values for the size
+    {"override hydra/job_logging": "framework"},  # conf/hydra/job_logging/framework.yaml
 ]
 
 TrainConfig = make_config(
@@ -115,93 +116,94 @@ def train(
     validate_before_fit: bool = True,
     test: bool = False,
 ) -> dict[str, Any]:
-    """The one place where registered parts are wired together. Returns the final metrics."""
+    """Instantiate the run from the composed groups, fit it, record it. Returns the results (`results.json`)."""
+    log_to_run_file()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    if getattr(data, "seed", 0) is None:
-        data.seed = seed
-    lm, callbacks = assemble(data, model, module, optimizer, scheduler, loss, metric, sampler, callbacks, seed)
+    choices = dict(HydraConfig.get().runtime.choices)
+    lm, callbacks = assemble(data, model, module, optimizer, scheduler, loss, metric, sampler, callbacks, seed, choices)
     if init_from:
         from framework.hub import load_weights_into
+        from framework.hub.catalog import build
 
-        load_weights_into(lm.model, init_from)
-    resume_step = None  # in-place resume: logs continue from the checkpoint's step (rows after it are dropped)
-    if ckpt_path:  # a missing, damaged, non-finite or foreign checkpoint is refused before anything is written
-        resume_step = int(_or_exit(check_checkpoint, ckpt_path, lm, code=2).get("global_step", 0))
-        ckpt_path = str(Path(ckpt_path).resolve())
-    loggers = [ResumableCSVLogger(save_dir=str(run_dir), name="csv", version="", resume_step=resume_step)]
-    try:
-        import tensorboard  # noqa: F401
-        from lightning.pytorch.loggers import TensorBoardLogger
-
-        purge = {} if resume_step is None else {"purge_step": resume_step}  # hides the abandoned steps' events
-        loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="tb", version="", **purge))
-    except ImportError:
-        pass
-    bar = trainer.keywords.get("enable_progress_bar")
-    command = "python -m framework.train " + " ".join(shlex.quote(a) for a in sys.argv[1:] if "ckpt_path=" not in a)
-    interrupt = GracefulInterrupt(resume_hint=command)
-    guards = [StopOnNonFinite(resume_hint=_lower_lr_command(optimizer)), interrupt]
-    show_bar = sys.stdout.isatty() if bar is None else bool(bar)
-    if show_bar and importlib.util.find_spec("rich") is not None:  # rich's bar where `rich` is installed
-        from lightning.pytorch.callbacks import RichProgressBar
-
-        guards.append(RichProgressBar())
+        load_weights_into(lm.model, init_from, build=build)
+    resume_step, ckpt_path = _checked_resume(ckpt_path, lm)
+    record = RunRecord(run_dir, command_line(), command_line(drop=("ckpt_path",)), choices, resumed_from=ckpt_path)
+    interrupt = GracefulInterrupt(resume_hint=record.resume_command)
+    show_bar = _show_progress_bar(trainer.keywords.get("enable_progress_bar"))
     run = trainer(
-        callbacks=list((callbacks or {}).values()) + _hub_callbacks(hub) + guards,
-        logger=loggers,
+        callbacks=[*callbacks.values(), *_hub_callbacks(hub), *_guards(optimizer, interrupt, show_bar), record],
+        logger=_loggers(run_dir, resume_step),
         enable_progress_bar=show_bar,
         plugins=trainer.keywords.get("plugins") or [AtomicCheckpointIO()],  # a kill never corrupts a checkpoint
     )
 
-    start = time.time()
-    initial: dict[str, float] = {}
+    initial = {}
     if validate_before_fit and ckpt_path is None:
-        initial = {
-            f"{k}_init": _num(v) for k, v in run.validate(lm, datamodule=data, verbose=False)[0].items()
-        }
+        initial = numbers(run.validate(lm, datamodule=data, verbose=False)[0], suffix="_init")
     _or_exit(run.fit, lm, datamodule=data, ckpt_path=ckpt_path, code=1)
-    metrics = {k: _num(v) for k, v in run.callback_metrics.items()}
     if interrupt.saved_path:  # Ctrl-C: stop here, on every rank; the checkpoint and the resume command are printed
-        if run.is_global_zero:
-            (run_dir / "results.json").write_text(json.dumps(
-                {"interrupted": True, "global_step": run.global_step, "metrics": metrics,
-                 "checkpoint": interrupt.saved_path, "resume": f"{command} ckpt_path={interrupt.saved_path}",
-                 "resumed_from": ckpt_path},
-                indent=2))
+        record.interrupted(run, interrupt.saved_path)
         raise SystemExit(130)
-    for cb in run.callbacks:  # callbacks that evaluate something (e.g. mask_sweep) report here
-        metrics.update({k: _num(v) for k, v in getattr(cb, "results", dict)().items()})
-    if run.limit_val_batches:  # the final weights' validation numbers, not the last scheduled check's
-        metrics.update({k: _num(v) for k, v in run.validate(lm, datamodule=data, verbose=False)[0].items()})
-    if test:
-        metrics.update(
-            {f"test/{k}": _num(v) for k, v in run.test(lm, datamodule=data, verbose=False)[0].items()}
-        )
-
-    choices = HydraConfig.get().runtime.choices
-    results = {
-        "recipe": choices.get("recipe"),
-        "choices": {k: v for k, v in choices.items() if not k.startswith("hydra")},
-        "metrics": metrics,
-        "initial_metrics": initial,
-        "global_step": run.global_step,
-        "seconds": round(time.time() - start, 2),
-        "run_dir": str(run_dir),
-        "last_checkpoint": _last_checkpoint(run),
-        "resumed_from": ckpt_path,  # the checkpoint this run continued (absolute path), None for a fresh run
-        "command": "python -m framework.train " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        "framework_version": __version__,
-    }
-    if run.is_global_zero:
-        spec = model_spec(lm.model, choices.get("model"), getattr(lm, "mask_id", None))
-        (run_dir / "model_config.json").write_text(json.dumps(spec, indent=2))
-        (run_dir / "results.json").write_text(json.dumps(results, indent=2))
-        print(summary(results))
-        if hub.repo_id:
-            results["hub"] = _push_run(run_dir, hub)
-    elif run.world_size > 1:  # each rank's own view, to check that ranks agree
-        (run_dir / f"results.rank{run.global_rank}.json").write_text(json.dumps(results, indent=2))
+    results = record.finish(run, lm, initial, _final_metrics(run, lm, data, test))
+    if run.is_global_zero and hub.repo_id:
+        results["hub"] = _push_run(run_dir, hub)
     return results
+
+
+def command_line(extra: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> str:
+    """This run's command, as typed (`sys.argv`), without the `drop` keys' overrides and with `extra` appended."""
+    keep = [a for a in sys.argv[1:] if not any(a.lstrip("+").startswith(f"{key}=") for key in drop)]
+    return "python -m framework.train " + " ".join(shlex.quote(a) for a in [*keep, *extra])
+
+
+def _checked_resume(ckpt_path: str | None, lm: L.LightningModule) -> tuple[int | None, str | None]:
+    """The step a resumed run continues from and the checkpoint's absolute path; (None, None) for a fresh run.
+    A missing, damaged, non-finite or foreign checkpoint is refused (exit 2) before anything is written."""
+    if not ckpt_path:
+        return None, None
+    step = int(_or_exit(check_checkpoint, ckpt_path, lm, code=2).get("global_step", 0))
+    return step, str(Path(ckpt_path).resolve())
+
+
+def _loggers(run_dir: Path, resume_step: int | None) -> list[Any]:
+    """CSV logs (and TensorBoard's where installed); a resumed run continues them from its step, dropping later
+    rows (and hiding TensorBoard's abandoned events)."""
+    loggers = [ResumableCSVLogger(save_dir=str(run_dir), name="csv", version="", resume_step=resume_step)]
+    try:
+        import tensorboard  # noqa: F401
+        from lightning.pytorch.loggers import TensorBoardLogger
+    except ImportError:
+        return loggers
+    purge = {} if resume_step is None else {"purge_step": resume_step}
+    return [*loggers, TensorBoardLogger(save_dir=str(run_dir), name="tb", version="", **purge)]
+
+
+def _show_progress_bar(setting: bool | None) -> bool:
+    """`trainer.enable_progress_bar`; None: a bar on a terminal, quiet when output goes to a file or pipe."""
+    return sys.stdout.isatty() if setting is None else bool(setting)
+
+
+def _guards(optimizer: Any, interrupt: GracefulInterrupt, show_bar: bool) -> list[L.Callback]:
+    """Stop on a non-finite loss (suggesting a tenth of the lr), save on Ctrl-C, and rich's bar where installed."""
+    guards: list[L.Callback] = [StopOnNonFinite(resume_hint=_lower_lr_command(optimizer)), interrupt]
+    if show_bar and importlib.util.find_spec("rich") is not None:
+        from lightning.pytorch.callbacks import RichProgressBar
+
+        guards.append(RichProgressBar())
+    return guards
+
+
+def _final_metrics(run: L.Trainer, lm: L.LightningModule, data: Any, test: bool) -> dict[str, float]:
+    """The logged metrics, what evaluating callbacks report (e.g. mask_sweep), the final weights' validation
+    numbers (not the last scheduled check's) and, with `test=true`, the test set's (`test/...`)."""
+    metrics = numbers(run.callback_metrics)
+    for cb in run.callbacks:
+        metrics.update(numbers(getattr(cb, "results", dict)()))
+    if run.limit_val_batches:
+        metrics.update(numbers(run.validate(lm, datamodule=data, verbose=False)[0]))
+    if test:
+        metrics.update(numbers(run.test(lm, datamodule=data, verbose=False)[0], prefix="test/"))
+    return metrics
 
 
 def _or_exit(fn: Any, *args: Any, code: int, **kw: Any) -> Any:
@@ -211,6 +213,10 @@ def _or_exit(fn: Any, *args: Any, code: int, **kw: Any) -> Any:
     except (CheckpointError, NonFiniteLossError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(code) from None
+
+
+#: group → the module's constructor argument it is handed to (the `loss` group is a module's extra loss term)
+MODULE_ARGS = {"loss": "extra_loss", "metric": "metric"}
 
 
 def assemble(
@@ -224,26 +230,42 @@ def assemble(
     sampler: Any = None,
     callbacks: dict[str, L.Callback] | None = None,
     seed: int | None = 0,
+    choices: dict[str, Any] | None = None,
 ) -> tuple[L.LightningModule, dict[str, L.Callback]]:
     """Wire the built groups into the LightningModule and the callback set that `train` fits (the CLI's preflight
-    runs the same on the meta device, so a group this ignores would show). A `metric` goes to a module whose
-    constructor takes `metric`; any other module refuses it (ValueError naming the modules that take one)."""
-    extra: dict[str, Any] = {"extra_loss": complete_from(loss, data)()} if loss is not None else {}
-    if metric is not None:
-        target = getattr(module, "func", module)
-        if "metric" not in inspect.signature(target).parameters:
-            takers = [n for n in MODULES.names() if "metric" in inspect.signature(MODULES.get(n)).parameters]
-            raise ValueError(f"metric={_registered_name(METRICS, type(metric))}: module "
-                             f"{_registered_name(MODULES, target)!r} takes no metric, so it would be ignored; "
-                             f"modules that evaluate one: {', '.join(takers) or '(none)'}")
-        extra["metric"] = metric
-    lm = complete_from(module, data)(model=model, optimizer=optimizer, scheduler=scheduler, **extra)
+    runs the same on the meta device, so a group this ignores would show). A data module without a seed takes
+    the run's. A `loss` or `metric` goes to a module whose constructor takes it (`MODULE_ARGS`); any other module
+    refuses it (ValueError naming the modules that take one, and the group's choice from `choices` if given)."""
+    if getattr(data, "seed", 0) is None:
+        data.seed = seed
+    spec = DataSpec.of(data)
+    extra = {MODULE_ARGS[group]: _handed_to(module, group, part, (choices or {}).get(group))
+             for group, part in (("loss", loss), ("metric", metric)) if part is not None}
+    if "extra_loss" in extra:  # the loss is built (with the data's mask and pad ids) once the module takes it
+        extra["extra_loss"] = spec.complete(loss)()
+    lm = spec.complete(module)(model=model, optimizer=optimizer, scheduler=scheduler, **extra)
     callbacks = dict(callbacks or {})
     if sampler is not None:  # a selection policy: the DataSelection callback runs it (added if not listed)
-        from framework.callbacks.data_agent import with_selection
+        from framework.callbacks.selection import with_selection
 
         callbacks = with_selection(callbacks, sampler() if isinstance(sampler, functools.partial) else sampler, seed)
     return lm, callbacks
+
+
+def _handed_to(module: Any, group: str, part: Any, choice: str | None = None) -> Any:
+    """`part` (the built `group` choice), after checking that `module` takes it; ValueError in the user's words."""
+    target, arg = getattr(module, "func", module), MODULE_ARGS[group]
+    if arg in inspect.signature(target).parameters:
+        return part
+    registry = {"loss": LOSSES, "metric": METRICS}[group]
+    kind = getattr(part, "func", type(part))
+    names = [n for n in registry.names() if registry.get(n) is kind]
+    choice = choice or (names[0] if len(names) == 1 else None)
+    chosen = f"{group}={choice}" if choice else f"{group} {getattr(kind, '__name__', kind)}"
+    takers = [n for n in MODULES.names() if arg in inspect.signature(MODULES.get(n)).parameters]
+    what, verb = ("loss term", "add") if group == "loss" else ("metric", "evaluate")
+    raise ValueError(f"{chosen}: module {_registered_name(MODULES, target)!r} takes no {what}, so it would be "
+                     f"ignored; modules that {verb} one: {', '.join(takers) or '(none)'}")
 
 
 def _registered_name(registry: Any, target: Any) -> str:
@@ -251,44 +273,6 @@ def _registered_name(registry: Any, target: Any) -> str:
         return registry.name_of(target)
     except LookupError:
         return getattr(target, "__name__", repr(target))
-
-
-def complete_from(factory: Any, data: Any) -> Any:
-    """Fill a partial's arguments that the recipe left unset (None) from the data of the same name.
-
-    This is how a model or loss learns the vocabulary size or the [MASK] id without the recipe repeating them.
-    """
-    if not isinstance(factory, functools.partial):
-        return factory
-    names = inspect.signature(factory.func).parameters
-    fill = {
-        name: getattr(data, name)
-        for name in ("vocab_size", "mask_id", "pad_id", "num_classes", "input_shape")
-        if name in names and factory.keywords.get(name) is None and getattr(data, name, None) is not None
-    }
-    return functools.partial(factory, **fill) if fill else factory
-
-
-def summary(results: dict[str, Any]) -> str:
-    """A one-screen account of a finished run: final metrics (with the untrained values) and where things are."""
-    init = results["initial_metrics"]
-    lines = [f"== {results['recipe'] or 'run'} finished: {results['global_step']} steps in {results['seconds']} s =="]
-    for key, value in sorted(results["metrics"].items()):
-        before = init.get(f"{key}_init")
-        lines.append(f"  {key:24s} {value:10.4f}" + (f"   (untrained: {before:.4f})" if before is not None else ""))
-    lines += [
-        f"  run dir          {results['run_dir']}",
-        f"  results          {results['run_dir']}/results.json",
-        f"  last checkpoint  {results['last_checkpoint']}",
-    ]
-    return "\n".join(lines)
-
-
-def model_spec(model: Any, name: str | None, mask_id: int | None = None) -> dict[str, Any]:
-    """The registry name and plain constructor values that rebuild `model` (what the Hub's config.json holds),
-    plus the [MASK] id of a masked diffusion model (what `python -m framework.generate` appends)."""
-    spec = {"name": name, "config": dict(getattr(model, "init_config", {}))}
-    return spec if mask_id is None else {**spec, "mask_id": int(mask_id)}
 
 
 def _hub_callbacks(hub: Any) -> list[L.Callback]:
@@ -304,7 +288,7 @@ def _hub_callbacks(hub: Any) -> list[L.Callback]:
     choices = HydraConfig.get().runtime.choices
     info = {"recipe": choices.get("recipe"), "model_name": choices.get("model"), "task": choices.get("module"),
             "datasets": [choices["data"]] if choices.get("data") else [],
-            "command": "python -m framework.train " + " ".join(shlex.quote(a) for a in sys.argv[1:])}
+            "command": command_line()}
     return [HubPush(hub.repo_id, hub.revision, hub.private, hub.every_n_validations, push_at_end=False, info=info)]
 
 
@@ -324,40 +308,23 @@ def _push_run(run_dir: Path, hub: Any) -> dict[str, str]:
     return record_push(run_dir, pushed)
 
 
-def _num(v: Any) -> float:
-    value = float(v.item() if hasattr(v, "item") else v)
-    return value if math.isfinite(value) else float("nan")
-
-
 def _lower_lr_command(optimizer: Any) -> str:
     """This run's command line with `optimizer.lr` at a tenth of this run's lr (what a NaN/inf stop suggests)."""
-    args = [a for a in sys.argv[1:] if "ckpt_path=" not in a and not a.lstrip("+").startswith("optimizer.lr=")]
     lr = optimizer.keywords.get("lr") if isinstance(optimizer, functools.partial) else None
-    if isinstance(lr, (int, float)) and not isinstance(lr, bool):
-        args.append(f"optimizer.lr={lr / 10:.3g}")
-    return "python -m framework.train " + " ".join(shlex.quote(a) for a in args)
+    lower = (f"optimizer.lr={lr / 10:.3g}",) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else ()
+    return command_line(lower, drop=("ckpt_path", "optimizer.lr"))
 
 
-def _last_checkpoint(run: L.Trainer) -> str | None:
-    cb = run.checkpoint_callback
-    if cb is None:
-        return None
-    return getattr(cb, "last_model_path", None) or getattr(cb, "best_model_path", None) or None
+def register_app(conf_folders: list[Path] | None = None) -> None:
+    """Fill the catalog and hand every config (groups, recipes, the primary `train`, conf/'s YAML: Hydra settings,
+    sizes, presets, YAML recipes; then that of `conf_folders`, the command line's `hydra.searchpath`) to Hydra."""
+    from framework.recipe import CONF_DIR, load_conf
 
-
-def register_app() -> None:
-    """Fill the catalog and hand every config (groups, recipes, the primary `train`) to Hydra."""
     load_catalog()
     ZEN_STORE(TrainConfig, name="train")
-    ZEN_STORE(
-        HydraConf(
-            job=JobConf(name="train", chdir=False),
-            run=RunDir("outputs/${hydra.job.name}/${now:%Y-%m-%d_%H-%M-%S}"),
-            sweep=SweepDir("multirun/${hydra.job.name}/${now:%Y-%m-%d_%H-%M-%S}", subdir="${hydra.job.num}"),
-        ),
-        name="config",
-        group="hydra",
-    )
+    load_conf(CONF_DIR)
+    for folder in conf_folders or []:
+        load_conf(folder, store=False)  # Hydra reads these itself; the catalog learns their recipe names
     ZEN_STORE.add_to_hydra_store(overwrite_ok=True)
 
 
@@ -368,9 +335,11 @@ def main() -> None:
     """`python -m framework.train`: the command line is checked (`framework.cli.check_command_line`: names, keys,
     types, then every value, by building the run on the meta device) before Hydra runs or writes anything."""
     from framework.cli import check_command_line
+    from framework.recipe import searchpath_folders
 
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
-    register_app()
+    quiet_console()
+    register_app(searchpath_folders(sys.argv[1:]))
     sys.argv[1:] = check_command_line(sys.argv[1:])
     task.hydra_main(config_name="train", config_path=None, version_base="1.3")
 

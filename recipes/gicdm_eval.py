@@ -12,6 +12,4 @@ recipe(
     validate_before_fit=False,
     trainer={"max_steps": 1, "val_check_interval": 1_000_000, "check_val_every_n_epoch": None,
              "log_every_n_steps": 1},
-    smoke=["threads=1", "trainer.max_steps=4", "trainer.enable_progress_bar=false", "data.n=200",
-           "data.dims=[2,64]", "data.seeds=1", "data.digits=false", "data.ood_fractions=[0.0,0.5]"],
 )

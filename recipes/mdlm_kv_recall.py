@@ -1,15 +1,12 @@
-from framework.recipe import SMOKE_RUN, recipe
+from framework.recipe import recipe
 
 # Spec 1.4's harder variant: key-value recall `BOS k1 v1 .. k8 v8 SEP kq [vq] EOS^p` with the needle recipe's
 # MDLM. The CPU default (300 steps, 1-2 min) only proves the wiring: the spec measured that d=64 with 3 layers
-# does not learn the task in 3-4k steps (accuracy 0.17-0.23, chance 0.06). GPU size (>= 20k steps, as advised):
-#   recipe=mdlm_kv_recall trainer.accelerator=gpu model.dim=256 model.depth=6 model.heads=8 data.n_train=200000
-#   data.batch_size=256 trainer.max_steps=20000 trainer.val_check_interval=2000 scheduler.warmup_steps=1000
+# does not learn the task in 3-4k steps (accuracy 0.17-0.23, chance 0.06). `size=gpu` is the size that learns it
+# (>= 20k steps, as advised; conf/preset/mdlm_kv_recall/gpu.yaml).
 recipe(
     "mdlm_kv_recall",
     description="Key-value recall MDLM, accuracy vs appended masks; the CPU default is a smoke size (learn on a GPU).",
-    smoke=[*SMOKE_RUN, "data.n_train=256", "data.n_val=32", "data.batch_size=16", "model.dim=32", "model.depth=1",
-           "model.heads=2", "callbacks.mask_sweep.n_per_slot=4"],
     defaults={"data": "kv_recall", "model": "transformer_lm", "module": "mdlm", "optimizer": "adamw",
               "callbacks": ["checkpoint", "mask_sweep"]},
     data={"batch_size": 64, "n_train": 20000},

@@ -1,4 +1,4 @@
-from framework.recipe import SMOKE_RUN, recipe
+from framework.recipe import recipe
 
 # Spec 1.4: a 3-layer bidirectional MDLM learns the needle task; from step `extra_loss_after` on, the
 # mask-agnostic loss (few-mask view k1=2, the smallest in-distribution tail; many-mask view k2 ≤ 16) is added.
@@ -7,7 +7,9 @@ from framework.recipe import SMOKE_RUN, recipe
 # normalisation it learns copy by ~600 and retrieval by ~750 steps. Training rows are then ≤ 29 tokens, so
 # every evaluation with m ≥ 16 appended masks is longer than any training sequence.
 # `init_from=RUN_DIR_OR_REPO` with `module.extra_loss_after=0` fine-tunes an already pretrained model instead.
-NEEDLE_MDLM = dict(
+recipe(
+    "mdlm_baseline",
+    description="The same MDLM and compute without the mask-agnostic loss (the 'no fine-tuning' arm).",
     defaults={"data": "needle", "model": "transformer_lm", "module": "mdlm", "optimizer": "adamw",
               "callbacks": ["checkpoint", "mask_sweep"]},
     data={"batch_size": 64, "n_train": 20000, "max_eos": 8},
@@ -16,19 +18,12 @@ NEEDLE_MDLM = dict(
     optimizer={"lr": 2e-3, "weight_decay": 0.0},
     scheduler={"warmup_steps": 200, "min_lr_ratio": 0.1},
     trainer={"max_steps": 2200, "val_check_interval": 1000, "check_val_every_n_epoch": None, "limit_val_batches": 8},
-    smoke=[*SMOKE_RUN, "data.n_train=256", "data.n_val=32", "data.batch_size=16", "model.dim=32", "model.depth=1",
-           "model.heads=2", "module.extra_loss_after=2", "callbacks.mask_sweep.n_per_slot=4"],
 )
 
 recipe(
     "mdlm_mask_agnostic",
     description="Needle-retrieval MDLM, then fine-tuned with the mask-agnostic loss; accuracy vs appended masks.",
-    **{**NEEDLE_MDLM, "defaults": {**NEEDLE_MDLM["defaults"], "loss": "mask_agnostic"}},
+    base="mdlm_baseline",
+    defaults={"loss": "mask_agnostic"},
     loss={"k1": 2, "k_max": 16},
-)
-
-recipe(
-    "mdlm_baseline",
-    description="The same MDLM and compute without the mask-agnostic loss (the 'no fine-tuning' arm).",
-    **NEEDLE_MDLM,
 )

@@ -31,7 +31,7 @@ CALLBACKS.register(
     description="Grow depth (layer interposition) and/or MoE width (noisy expert copies) mid-training (2510.08008).",
 )
 
-from framework.callbacks.data_agent import DataSelection  # noqa: E402
+from framework.callbacks.selection import DataSelection  # noqa: E402
 
 CALLBACKS.register(
     DataSelection, name="data_selection",

@@ -30,3 +30,10 @@ DATA.register(
     distinct_answers=True, batch_size=64,
     seed=None, description="Multi-hop look-ups through a random permutation in the prompt (RLKV's reasoning toy).",
 )
+
+from framework.data.hubness import HubnessSweep  # noqa: E402
+
+DATA.register(
+    HubnessSweep, name="hubness_sweep", n=2000, dims=[2, 16, 64, 256, 1024, 2048], seeds=3, seed=None,
+    description="Hubness experiments as validation data: Gaussian dimension sweep, OOD fraction, digits + noise.",
+)

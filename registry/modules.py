@@ -20,3 +20,11 @@ from framework.probes.rlkv import RLKVProbe  # noqa: E402
 MODULES.register(RLKVProbe, name="rlkv", group_size=4, penalty=0.5, tau=0.5, sink=1, recent=4)
 MODULES.register(DuoAttentionProbe, name="duo_attention", reg_weight=0.05, sink=1, recent=4)
 MODULES.register(RandomHeads, name="random_heads", aliases=("random",), sink=1, recent=4)
+
+from framework.modules.metric_eval import MetricEval  # noqa: E402
+
+MODULES.register(
+    MetricEval, name="metric_eval", k=5, corrections=["none", "icdm", "gicdm_reconstructed"],
+    description="Trains nothing; evaluates P/R/D/C raw and with each correction listed on each validation "
+                "configuration (the comparison gicdm_eval exists for).",
+)

@@ -61,7 +61,7 @@ def _assert_same(a, b, where: str = "") -> None:
 
 @pytest.mark.parametrize("name", RECIPES.names())
 def test_recipe_runs_and_a_sigkilled_run_resumes_bitwise_equal(tmp_path, name):
-    assert name in SMOKE, f"recipe {name} declares no smoke= overrides (framework.recipe.recipe(..., smoke=[...]))"
+    assert name in SMOKE, f"recipe {name} has no smoke size (conf/size/smoke.yaml, conf/preset/{name}/smoke.yaml)"
     args = [f"recipe={name}", *SMOKE[name], "callbacks.checkpoint.every_n_train_steps=1"]
     steps = next(int(a.split("=")[1]) for a in args[::-1] if a.startswith("trainer.max_steps="))
     kill_at = 1 + zlib.crc32(name.encode()) % (steps - 1)  # a fixed "random" step per recipe, after a checkpoint

@@ -24,6 +24,7 @@ from framework.hub import (
     HubPushError,
     UnsafeConfigError,
     UnsafeWeightsError,
+    build_model,
     check_repo_id,
     from_pretrained,
     load_config,
@@ -103,6 +104,25 @@ def test_training_with_hub_repo_id_pushes_the_run_and_records_the_commit(hub, tr
     messages = [c.title for c in hub.api.list_repo_commits(REPO_ID)]
     assert len(messages) == 4 and messages[0].startswith("framework") and messages[-1] == "initial commit"
     assert [m.split(",")[0] for m in messages[1:3]] == ["HubPush: validation 2", "HubPush: validation 1"]
+
+
+def test_a_plain_project_pushes_and_loads_without_importing_the_catalog_or_hydra(hub, tmp_path):
+    code = (  # a fresh process: what a Lightning project that never heard of the catalog does
+        "import sys, torch\n"
+        "from framework.callbacks.hub_push import HubPush\n"
+        "from framework.hub import from_pretrained, push_to_hub\n"
+        "from framework.models.transformer import TransformerLM\n"
+        "HubPush('local-user/plain', info={'model_name': 'transformer_lm'})\n"
+        "model = TransformerLM(vocab_size=256, dim=16, depth=1, heads=2)\n"
+        "push_to_hub(model, 'local-user/plain', info={'model_name': 'transformer_lm'})\n"
+        "back = from_pretrained('local-user/plain', model_cls=TransformerLM)\n"
+        "assert all(torch.equal(v, back.state_dict()[k]) for k, v in model.state_dict().items())\n"
+        "print(sorted(m for m in ('hydra', 'hydra_zen', 'framework.catalog', 'framework.recipes') if m in sys.modules))"
+    )
+    proc = run("-c", code, env=hub_env(hub.url, tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    assert json.loads(Path(hf_hub_download("local-user/plain", "config.json")).read_text())["name"] == "transformer_lm"
 
 
 def test_pull_then_from_pretrained_in_a_fresh_process_print_where_and_give_identical_logits(hub, trained, tmp_path):
@@ -215,8 +235,6 @@ GOOD = {"name": "transformer_lm", "config": {"vocab_size": 256, "dim": 32, "dept
         ({**GOOD, "name": "os.system"}, "'os.system' looks like an import path"),
         ({**GOOD, "config": {"dim": "framework.models.transformer.TransformerLM"}}, "looks like an import path"),
         ({**GOOD, "config": {"dim": ["subprocess:call"]}}, "'subprocess:call' looks like an import path"),
-        ({**GOOD, "name": "transformer_lmm"}, "Unknown model 'transformer_lmm'. Did you mean 'transformer_lm'"),
-        ({**GOOD, "config": {"evil": 1}}, "sets evil, which model 'transformer_lm' does not take"),
         ({"config": {}}, "'name' must be a registered model name"),
         (["transformer_lm"], "must be a JSON object"),
     ],
@@ -224,6 +242,38 @@ GOOD = {"name": "transformer_lm", "config": {"vocab_size": 256, "dim": 32, "dept
 def test_validate_config_refuses_anything_but_a_registry_name_and_plain_values(config, message):
     with pytest.raises(UnsafeConfigError, match=re.escape(message)):
         validate_config(config)
+    with pytest.raises(UnsafeConfigError, match=re.escape(message)):
+        build_model(config, build=lambda name, values: pytest.fail("built a refused config"))
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({**GOOD, "name": "transformer_lmm"}, "Unknown model 'transformer_lmm'. Did you mean 'transformer_lm'"),
+        ({**GOOD, "config": {"evil": 1}}, "sets evil, which model 'transformer_lm' does not take"),
+    ],
+)
+def test_building_refuses_an_unregistered_name_or_a_value_the_model_does_not_take(config, message):
+    with pytest.raises(UnsafeConfigError, match=re.escape(message)):
+        build_model(config)  # the catalog's build, the default
+    if config["name"] == "transformer_lm":
+        with pytest.raises(UnsafeConfigError, match=re.escape(message)):
+            validate_config(config, model_cls=TransformerLM)
+
+
+def test_from_pretrained_builds_through_a_given_build_or_model_class_without_the_catalog(hub, trained):
+    calls = []
+
+    def build(name, values):
+        calls.append(name)
+        return TransformerLM(**values)
+
+    reference = from_pretrained(REPO_ID)
+    for model in (from_pretrained(REPO_ID, build=build), from_pretrained(REPO_ID, model_cls=TransformerLM)):
+        assert type(model) is TransformerLM and not model.training
+        expected = reference.state_dict()
+        assert all(torch.equal(v, expected[k]) for k, v in model.state_dict().items())
+    assert calls == ["transformer_lm"]
 
 
 def test_validate_config_accepts_what_a_run_pushes(hub, trained):

@@ -134,6 +134,7 @@ VARIANTS = {
     "metric": (["recipe=gicdm_eval"], ["recipe=gicdm_eval", "metric=gicdm"]),
     "sampler": (["recipe=data_agent_digits"], ["recipe=data_agent_digits", "sampler=random"]),
     "recipe": (["recipe=char_lm"], ["recipe=olion_char_lm"]),
+    "size": (["recipe=char_lm"], ["recipe=char_lm", "size=smoke"]),
 }
 
 
@@ -248,6 +249,30 @@ def test_a_metric_for_a_module_that_takes_none_is_refused_naming_the_modules_tha
                                                        "would be ignored; modules that evaluate one: metric_eval")):
         preflight(["recipe=char_lm", "metric=gicdm", f"hydra.run.dir={tmp_path / 'run'}"])
     assert not (tmp_path / "run").exists()
+
+
+def test_a_loss_for_a_module_that_takes_none_exits_2_naming_the_modules_that_do(cli, tmp_path):
+    proc = cli("loss=mask_agnostic", "module=causal_lm", f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: loss=mask_agnostic: module 'causal_lm' takes no loss term, so it would be ignored; modules that add "
+        "one: mdlm")
+    assert "extra_loss" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_console_has_no_third_party_notices_and_train_log_holds_the_runs_lines(cli, tmp_path):
+    proc = cli("recipe=char_lm", *TINY, *TINY_MODEL, f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    console = proc.stdout + proc.stderr
+    assert "litlogger" not in console and "LeafSpec" not in console
+    assert "GPU available" in proc.stderr  # Lightning's own notices still show
+    log = (tmp_path / "train.log").read_text()
+    summary = [line for line in proc.stdout.splitlines() if line.strip()][-7:]
+    assert summary[0].startswith("== char_lm finished: 4 steps")
+    assert all(line in log for line in summary)
+    assert "`Trainer.fit` stopped: `max_steps=4` reached." in log
+    assert "litlogger" not in log
 
 
 # -- framework.ls takes a kind or its Hydra group name ----------------------------------------------------------

@@ -2,7 +2,8 @@
 
 A failed push never stops training and never loses anything: it logs a warning with the exact command that
 retries the push from the run dir, and training goes on. Works in any Lightning project whose LightningModule
-holds a framework model (`.model` with `.init_config`); `framework.hub` is imported only when pushing.
+holds a framework model (`.model` with `.init_config`); `framework.hub` is imported only when pushing, and the
+catalog (with Hydra) not at all when `info` names the model (`info={"model_name": "transformer_lm"}`).
 """
 
 from __future__ import annotations

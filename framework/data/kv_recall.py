@@ -13,10 +13,8 @@ from collections.abc import Iterable
 
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
 
-from framework.data.needle import with_masks
-from framework.data.resumable import SplitData, check_split_sizes
+from framework.data.needle import RetrievalData, masked_eval_batch, slot_rows
 
 PAD, MASK, BOS, SEP, EOS = range(5)
 FIRST_KEY = 5  # keys are FIRST_KEY .. FIRST_KEY + n_keys - 1; values follow them
@@ -104,38 +102,16 @@ def kv_eval_batch(
 ) -> dict[str, Tensor | int]:
     """`n_per_slot` prompts per queried slot, each followed by 1+m masks; the same generator seed gives the same
     prompts for every m. Keys: tokens, prompt, answer, answer_position (an int), slot."""
-    slot_rows = torch.tensor(list(slots), dtype=torch.long).repeat_interleave(n_per_slot)
-    made = kv_prompts(slot_rows, generator, n_pairs, n_keys, n_values)
-    return {
-        "tokens": with_masks(made["prompt"], m, MASK),
-        "prompt": made["prompt"],
-        "answer": made["value"],
-        "answer_position": prompt_length(n_pairs),
-        "slot": slot_rows,
-    }
+    made = kv_prompts(slot_rows(slots, n_per_slot), generator, n_pairs, n_keys, n_values)
+    return masked_eval_batch(made, m, prompt_length(n_pairs), MASK)
 
 
-class KVRecallDataset(Dataset):
-    """A fixed set of recall rows generated from `seed`; items are dicts of tensors (see `kv_rows`)."""
-
-    def __init__(self, n: int, seed: int, **shape: int):
-        if n < 1:
-            raise ValueError(f"n={n} rows must be >= 1")
-        self.rows = kv_rows(n, torch.Generator().manual_seed(seed), **shape)
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> dict[str, Tensor]:
-        return {key: value[i] for key, value in self.rows.items()}
-
-
-class KVRecallData(SplitData):
+class KVRecallData(RetrievalData):
     """Key-value recall (spec 1.4, GPU-sized): `n_train` rows from `seed`, `n_val` held-out rows from another
     stream; `eval_batch(m, ...)` gives `prompt + [MASK]^(1+m)` inputs for the `mask_sweep` callback."""
 
     pad_id, mask_id, bos_id, sep_id, eos_id = PAD, MASK, BOS, SEP, EOS
+    make_rows, make_eval_batch = staticmethod(kv_rows), staticmethod(kv_eval_batch)
 
     def __init__(
         self,
@@ -149,31 +125,14 @@ class KVRecallData(SplitData):
         seed: int = 0,
         num_workers: int = 0,
     ):
-        super().__init__()
         _check(n_pairs, n_keys, n_values, max_eos)
+        super().__init__(n_train, n_val, batch_size, seed, num_workers)
         self.n_pairs, self.n_keys, self.n_values, self.max_eos = n_pairs, n_keys, n_values, max_eos
-        check_split_sizes(n_train=n_train, n_val=n_val, batch_size=batch_size)
-        self.n_train, self.n_val, self.batch_size, self.seed = n_train, n_val, batch_size, seed
-        self.num_workers = num_workers
         self.vocab_size = FIRST_KEY + n_keys + n_values
         self.prompt_length = prompt_length(n_pairs)
         self.answer_position = self.prompt_length
         self.max_len = self.prompt_length + 1 + max_eos
         self.n_slots = n_pairs
-        self.train_set: KVRecallDataset | None = None
-        self.val_set: KVRecallDataset | None = None
 
-    @property
-    def _shape(self) -> dict[str, int]:
+    def prompt_shape(self) -> dict[str, int]:
         return dict(n_pairs=self.n_pairs, n_keys=self.n_keys, n_values=self.n_values)
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
-            return
-        self.train_set = KVRecallDataset(self.n_train, self.seed, max_eos=self.max_eos, **self._shape)
-        self.val_set = KVRecallDataset(self.n_val, self.seed + 1_000_003, max_eos=self.max_eos, **self._shape)
-
-    def eval_batch(self, m: int, n_per_slot: int = 400, seed: int | None = None) -> dict[str, Tensor | int]:
-        """Held-out `prompt + [MASK]^(1+m)` inputs over every slot; the same `seed` gives the same prompts."""
-        g = torch.Generator().manual_seed(self.seed + 2_000_006 if seed is None else seed)
-        return kv_eval_batch(m, range(self.n_slots), n_per_slot, g, **self._shape)

@@ -9,13 +9,14 @@ seed: no download, same rows for the same seed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
 
 from framework.data.resumable import SplitData, check_split_sizes
+from framework.data.rows import GeneratedRows
 
 PAD, MASK, BOS, SEP, EOS, NDL = range(6)
 FIRST_SYMBOL = 6  # content tokens are FIRST_SYMBOL .. FIRST_SYMBOL + n_symbols - 1
@@ -96,6 +97,17 @@ def with_masks(prompt: Tensor, m: int, mask_id: int = MASK) -> Tensor:
     return torch.cat([prompt, prompt.new_full((prompt.shape[0], 1 + m), mask_id)], dim=1)
 
 
+def slot_rows(slots: Iterable[int], n_per_slot: int) -> Tensor:
+    """Each slot repeated `n_per_slot` times (the rows of an evaluation batch, slot by slot)."""
+    return torch.tensor(list(slots), dtype=torch.long).repeat_interleave(n_per_slot)
+
+
+def masked_eval_batch(made: dict[str, Tensor], m: int, answer_position: int, mask_id: int = MASK) -> dict[str, Any]:
+    """A retrieval task's evaluation batch from its prompts (`prompt`, `value`, `slot`): tokens `prompt +
+    [MASK]^(1+m)`, prompt, answer, answer_position (an int), slot. Shared by needle and kv_recall."""
+    return {"tokens": with_masks(made["prompt"], m, mask_id), "prompt": made["prompt"], "answer": made["value"],
+            "answer_position": answer_position, "slot": made["slot"]}
+
 def needle_eval_batch(
     m: int,
     slots: Iterable[int] = range(8),
@@ -106,37 +118,54 @@ def needle_eval_batch(
 ) -> dict[str, Tensor | int]:
     """`n_per_slot` prompts per slot, each followed by 1+m masks; same generator seed gives the same prompts
     for every m. Keys: tokens, prompt, answer (the value), answer_position (an int), slot."""
-    slot_rows = torch.tensor(list(slots), dtype=torch.long).repeat_interleave(n_per_slot)
-    made = needle_prompts(slot_rows, generator, n_symbols, context_len)
-    return {
-        "tokens": with_masks(made["prompt"], m),
-        "prompt": made["prompt"],
-        "answer": made["value"],
-        "answer_position": prompt_length(context_len),
-        "slot": slot_rows,
-    }
+    made = needle_prompts(slot_rows(slots, n_per_slot), generator, n_symbols, context_len)
+    return masked_eval_batch(made, m, prompt_length(context_len))
 
 
-class NeedleDataset(Dataset):
-    """A fixed set of needle rows generated from `seed`; items are dicts of tensors (see `needle_rows`)."""
+class RetrievalData(SplitData):
+    """What needle and kv_recall share: `n_train` rows from `seed`, `n_val` held-out rows from another stream, and
+    `eval_batch(m, ...)`: held-out `prompt + [MASK]^(1+m)` inputs for the `mask_sweep` callback.
 
-    def __init__(self, n: int, seed: int, n_symbols: int = 12, context_len: int = 16, max_eos: int = 32):
-        if n < 1:
-            raise ValueError(f"n={n} rows must be >= 1")
-        self.rows = needle_rows(n, torch.Generator().manual_seed(seed), n_symbols, context_len, max_eos)
-        self.n = n
+    A subclass sets `make_rows` / `make_eval_batch` (its task's functions) and `prompt_shape()` (their keywords).
+    """
 
-    def __len__(self) -> int:
-        return self.n
+    make_rows: Callable[..., dict[str, Tensor]]
+    make_eval_batch: Callable[..., dict[str, Tensor | int]]
+    n_train: int
+    n_val: int
+    seed: int
+    max_eos: int
+    n_slots: int
+    train_set: GeneratedRows | None = None
+    val_set: GeneratedRows | None = None
 
-    def __getitem__(self, i: int) -> dict[str, Tensor]:
-        return {key: value[i] for key, value in self.rows.items()}
+    def __init__(self, n_train: int, n_val: int, batch_size: int, seed: int, num_workers: int):
+        super().__init__()
+        check_split_sizes(n_train=n_train, n_val=n_val, batch_size=batch_size)
+        self.n_train, self.n_val, self.batch_size, self.seed = n_train, n_val, batch_size, seed
+        self.num_workers = num_workers
+
+    def prompt_shape(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        shape = {**self.prompt_shape(), "max_eos": self.max_eos}
+        self.train_set = GeneratedRows(self.make_rows, self.n_train, self.seed, **shape)
+        self.val_set = GeneratedRows(self.make_rows, self.n_val, self.seed + 1_000_003, **shape)  # a disjoint stream
+
+    def eval_batch(self, m: int, n_per_slot: int = 400, seed: int | None = None) -> dict[str, Tensor | int]:
+        """Held-out `prompt + [MASK]^(1+m)` inputs over every slot; the same `seed` gives the same prompts."""
+        g = torch.Generator().manual_seed(self.seed + 2_000_006 if seed is None else seed)
+        return self.make_eval_batch(m, range(self.n_slots), n_per_slot, g, **self.prompt_shape())
 
 
-class NeedleData(SplitData):
+class NeedleData(RetrievalData):
     """Needle retrieval (spec 1.4): `n_train` training rows from `seed`, `n_val` held-out rows from another stream."""
 
     pad_id, mask_id, bos_id, sep_id, eos_id, needle_id = PAD, MASK, BOS, SEP, EOS, NDL
+    make_rows, make_eval_batch = staticmethod(needle_rows), staticmethod(needle_eval_batch)
 
     def __init__(
         self,
@@ -149,28 +178,14 @@ class NeedleData(SplitData):
         seed: int = 0,
         num_workers: int = 0,
     ):
-        super().__init__()
         _check(n_symbols, context_len, max_eos)
+        super().__init__(n_train, n_val, batch_size, seed, num_workers)
         self.n_symbols, self.context_len, self.max_eos = n_symbols, context_len, max_eos
-        check_split_sizes(n_train=n_train, n_val=n_val, batch_size=batch_size)
-        self.n_train, self.n_val, self.batch_size, self.seed = n_train, n_val, batch_size, seed
-        self.num_workers = num_workers
         self.vocab_size = FIRST_SYMBOL + n_symbols
         self.prompt_length = prompt_length(context_len)
         self.answer_position = self.prompt_length
         self.max_len = self.prompt_length + 3 + max_eos
         self.n_slots = context_len // 2
-        self.train_set: NeedleDataset | None = None
-        self.val_set: NeedleDataset | None = None
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
-            return
-        shape = dict(n_symbols=self.n_symbols, context_len=self.context_len, max_eos=self.max_eos)
-        self.train_set = NeedleDataset(self.n_train, self.seed, **shape)
-        self.val_set = NeedleDataset(self.n_val, self.seed + 1_000_003, **shape)  # a disjoint random stream
-
-    def eval_batch(self, m: int, n_per_slot: int = 400, seed: int | None = None) -> dict[str, Tensor | int]:
-        """Held-out `prompt + [MASK]^(1+m)` inputs over every slot; the same `seed` gives the same prompts."""
-        g = torch.Generator().manual_seed(self.seed + 2_000_006 if seed is None else seed)
-        return needle_eval_batch(m, range(self.n_slots), n_per_slot, g, self.n_symbols, self.context_len)
+    def prompt_shape(self) -> dict[str, int]:
+        return dict(n_symbols=self.n_symbols, context_len=self.context_len)

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from framework.data.resumable import SplitData, check_split_sizes, train_loader
+from framework.data.rows import GeneratedRows
 
 PAD, BOS, SEP, EOS = range(4)
 FIRST_SYMBOL = 4
@@ -74,21 +75,6 @@ def chase_rows(n: int, generator: torch.Generator | None = None, n_pairs: int = 
     return torch.cat([prompt, answer], dim=1)
 
 
-class ChaseDataset(Dataset):
-    """A fixed set of rows generated from `seed`; items are token tensors."""
-
-    def __init__(self, n: int, seed: int, **shape):
-        if n < 1:
-            raise ValueError(f"n={n} rows must be >= 1")
-        self.rows = chase_rows(n, torch.Generator().manual_seed(seed), **shape)
-
-    def __len__(self) -> int:
-        return self.rows.shape[0]
-
-    def __getitem__(self, i: int) -> Tensor:
-        return self.rows[i]
-
-
 class PointerChaseData(SplitData):
     """Pointer-chasing rows for causal LMs: `n_train` training rows of `train_task`, `n_val` held-out `chain` rows.
 
@@ -114,9 +100,9 @@ class PointerChaseData(SplitData):
         self.prompt_length = prompt_length(n_pairs)
         self.max_new_tokens = answer_length(n_pairs, hops, "chain")
         self.max_len = self.prompt_length + self.max_new_tokens
-        self.train_set: ChaseDataset | None = None
-        self.val_set: ChaseDataset | None = None
-        self.chain_set: ChaseDataset | None = None
+        self.train_set: GeneratedRows | None = None
+        self.val_set: GeneratedRows | None = None
+        self.chain_set: GeneratedRows | None = None
 
     def _shape(self, task: str) -> dict:
         return dict(n_pairs=self.n_pairs, n_symbols=self.n_symbols, hops=self.hops, task=task,
@@ -125,10 +111,10 @@ class PointerChaseData(SplitData):
     def setup(self, stage: str | None = None) -> None:
         if self.val_set is not None:
             return
-        self.chain_set = ChaseDataset(self.n_train, self.seed, **self._shape("chain"))
+        self.chain_set = GeneratedRows(chase_rows, self.n_train, self.seed, **self._shape("chain"))
         self.train_set = (self.chain_set if self.train_task == "chain"
-                          else ChaseDataset(self.n_train, self.seed + 7, **self._shape(self.train_task)))
-        self.val_set = ChaseDataset(self.n_val, self.seed + 1_000_003, **self._shape("chain"))
+                          else GeneratedRows(chase_rows, self.n_train, self.seed + 7, **self._shape(self.train_task)))
+        self.val_set = GeneratedRows(chase_rows, self.n_val, self.seed + 1_000_003, **self._shape("chain"))
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.val_batch_size, shuffle=False, num_workers=self.num_workers)

@@ -19,45 +19,30 @@ import torch
 from torch import nn
 
 from framework.grow.ops import DEPTH_METHODS, count_params, grow, norm_profile
-
-SPEC_NAME, CKPT_PATH, RECORD_KEY = "model_config.json", Path("checkpoints") / "last.ckpt", "orthogonal_growth"
-
-
-def _spec_near(ckpt: Path) -> dict[str, Any]:
-    for folder in (ckpt.parent, ckpt.parent.parent):
-        if (folder / SPEC_NAME).is_file():
-            return json.loads((folder / SPEC_NAME).read_text())
-    raise FileNotFoundError(f"no {SPEC_NAME} next to {ckpt} or in its run dir: pass the run dir of a"
-                            " `python -m framework.train` run (it names the model and its constructor values)")
+from framework.runs import GROWTH_KEY, LAST_CHECKPOINT, SPEC_NAME, Build, RunDir, is_local
 
 
-def load_source(source: str, revision: str | None = None) -> tuple[nn.Module, dict[str, Any]]:
-    """The model in `source` (run dir, .ckpt, grown dir or Hub repo id) and its spec {"name", "config"}."""
-    from framework.hub.load import _build, _load, state_from_checkpoint, validate_config
+def load_source(source: str, revision: str | None = None, build: Build | None = None
+                ) -> tuple[nn.Module, dict[str, Any]]:
+    """The model in `source` (run dir, .ckpt, grown dir or Hub repo id) and its spec {"name", "config"}.
 
-    path = Path(source)
-    if path.is_dir() or path.suffix == ".ckpt":
-        ckpt = path / CKPT_PATH if path.is_dir() else path
-        if not ckpt.is_file():
-            raise FileNotFoundError(f"{source!r} has no checkpoint ({ckpt} does not exist)")
-        spec = _spec_near(ckpt)
-        raw = torch.load(ckpt, map_location="cpu", weights_only=True)
-        recorded = raw.get(RECORD_KEY, {}).get("config") if isinstance(raw, dict) else None
-        if recorded:  # a checkpoint saved by OrthogonalGrowth knows its own (pre- or post-growth) architecture
-            spec = {**spec, "config": recorded}
-        spec = validate_config({"name": spec.get("name"), "config": spec.get("config", {})})
-        model = _build(spec)
-        state = state_from_checkpoint(ckpt)
-        try:
-            model.load_state_dict(state, strict=True)
-        except RuntimeError as err:
-            raise ValueError(f"{ckpt} does not fit model {spec['name']!r} {spec['config']}: {err}") from err
-        return model, spec
-    if path.is_absolute() or source.startswith((".", "~")) or source.count("/") != 1:
+    A checkpoint saved by OrthogonalGrowth knows its own (pre- or post-growth) architecture; `build(name, config)`
+    builds the named model (default: the catalog's)."""
+    from framework.hub import load_model, validate_config
+
+    if build is None:
+        from framework.hub.catalog import build
+    if is_local(source):
+        run = RunDir(source)
+        if not run.checkpoint.is_file():
+            raise FileNotFoundError(f"{source!r} has no checkpoint ({run.checkpoint} does not exist)")
+        spec = validate_config(run.model_config())
+        return run.load(build), spec
+    if Path(source).is_absolute() or source.startswith((".", "~")) or source.count("/") != 1:
         raise FileNotFoundError(f"{source!r} is neither an existing run dir or .ckpt file nor a Hub repo id"
                                 " ('namespace/name')")
-    model, config, _, _ = _load(source, revision)
-    return model, {"name": config["name"], "config": dict(config["config"])}
+    loaded = load_model(source, revision, build=build)
+    return loaded.model, {"name": loaded.config["name"], "config": dict(loaded.config["config"])}
 
 
 def save_grown(model: nn.Module, spec: dict[str, Any], out: Path, record: dict[str, Any]) -> Path:
@@ -73,9 +58,9 @@ def save_grown(model: nn.Module, spec: dict[str, Any], out: Path, record: dict[s
     save_model(model, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / SPEC_NAME).write_text(json.dumps({"name": spec["name"], "config": config["config"]}, indent=2) + "\n")
-    (out / CKPT_PATH).parent.mkdir(exist_ok=True)
+    (out / LAST_CHECKPOINT).parent.mkdir(exist_ok=True)
     state = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
-    torch.save({"state_dict": state, RECORD_KEY: {"config": config["config"]}}, out / CKPT_PATH)
+    torch.save({"state_dict": state, GROWTH_KEY: {"config": config["config"]}}, out / LAST_CHECKPOINT)
     (out / "growth.json").write_text(json.dumps(record, indent=2) + "\n")
     return out
 

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from framework.hub.common import CARD_NAME
-from framework.hub.load import _download, _load
-from framework.hub.push import _redact, push_to_hub, record_push
+from framework.hub.load import download, load_model
+from framework.hub.push import push_to_hub, record_push, redact
 
 
 # ---- CLI ----------------------------------------------------------------------------------------------------
@@ -28,23 +28,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from huggingface_hub.errors import EntryNotFoundError
 
+    from framework.hub.catalog import build  # an entry point: models are built by their catalog names
+
     try:
         if args.command == "push":
-            pushed = push_to_hub(args.run_dir, args.repo_id, args.revision, args.private)
+            pushed = push_to_hub(args.run_dir, args.repo_id, args.revision, args.private, build=build)
             record_push(args.run_dir, pushed)
             print(f"pushed {args.run_dir} to {pushed.repo_id}@{pushed.revision}: commit {pushed.commit}")
             print(pushed.url)
         else:
-            model, config, commit, weights = _load(args.repo_id, args.revision)
+            model, config, commit, weights = load_model(args.repo_id, args.revision, build=build)
             with contextlib.suppress(EntryNotFoundError):  # the card is for people; the model does not need it
-                _download(args.repo_id, CARD_NAME, commit or args.revision)
+                download(args.repo_id, CARD_NAME, commit or args.revision)
             params = sum(p.numel() for p in model.parameters())
             values = ", ".join(f"{k}={v}" for k, v in config["config"].items())
             print(f"downloaded {args.repo_id}@{commit or args.revision or 'main'} to {Path(weights).parent}")
             print(f"{config['name']} ({type(model).__name__}, {params:,} parameters): {values}")
     except Exception as err:  # one line, never a token: 2 = refused input, 1 = the Hub failed
         bad_input = isinstance(err, (ValueError, TypeError, LookupError, FileNotFoundError))
-        message = " ".join(_redact(str(err)).split())
+        message = " ".join(redact(str(err)).split())
         print(f"error: {'' if bad_input else type(err).__name__ + ': '}{message}", file=sys.stderr)
         return 2 if bad_input else 1
     return 0

@@ -10,7 +10,7 @@ PLOT_NAME, TRAIN_CONFIG_NAME = "training_curves.png", "train_config.yaml"
 ARTIFACTS = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, PLOT_NAME, TRAIN_CONFIG_NAME)
 #: Hydra/hydra-zen instantiation keys: a config carrying one could make a loader import and call anything.
 FORBIDDEN_KEYS = frozenset({"_target_", "_partial_", "_args_", "_recursive_", "_convert_"})
-_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:[A-Za-z_][\w.]*)?$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:[A-Za-z_][\w.]*)?$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
 class UnsafeConfigError(ValueError):

@@ -1,4 +1,8 @@
-"""Loading from the Hub: validate `config.json`, rebuild through the registry, load safetensors only."""
+"""Loading from the Hub: validate `config.json`, build the model it names, load safetensors only.
+
+The Hub does not know the catalog: `build(name, config)` builds a named model (the entry points pass the catalog's,
+`framework.hub.catalog.build`) or `model_cls` is the class itself; with neither, the catalog is imported on first use.
+"""
 
 from __future__ import annotations
 
@@ -6,26 +10,26 @@ import inspect
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-import torch
 from torch import nn
 
 from framework import __version__
 from framework.hub.common import (
-    _IMPORT_PATH,
     CONFIG_NAME,
     FORBIDDEN_KEYS,
+    IMPORT_PATH,
     WEIGHTS_NAME,
     UnsafeConfigError,
     UnsafeWeightsError,
 )
-from framework.registry import MODELS, UnknownNameError, load_catalog
+from framework.runs import Build, RunDir, is_local
 
 
 # ---- config.json: what may be loaded -------------------------------------------------------------------
-def validate_config(config: Any) -> dict[str, Any]:
-    """Return `config` if it only names a registered model and plain values; raise UnsafeConfigError otherwise."""
+def validate_config(config: Any, model_cls: type[nn.Module] | None = None) -> dict[str, Any]:
+    """Return `config` if it only holds a model name and plain values (that `model_cls`, if given, takes);
+    raise UnsafeConfigError otherwise. Whether the name is known is for the `build` that builds it."""
     if not isinstance(config, dict):
         raise UnsafeConfigError(f"config.json must be a JSON object, got {type(config).__name__}")
     _check_plain(config, "config.json")
@@ -34,17 +38,18 @@ def validate_config(config: Any) -> dict[str, Any]:
         raise UnsafeConfigError(f"config.json 'name' must be a registered model name (a string), got {name!r}")
     if not isinstance(values, dict):
         raise UnsafeConfigError(f"config.json 'config' must be an object of constructor values, got {values!r}")
-    load_catalog()
-    try:
-        target = MODELS.get(name)
-    except UnknownNameError as err:
-        raise UnsafeConfigError(f"config.json names an unregistered model: {err}") from err
+    if model_cls is not None:
+        check_values(name, model_cls, values)
+    return config
+
+
+def check_values(name: str, target: Any, values: dict[str, Any]) -> None:
+    """UnsafeConfigError if `values` sets an argument that `target` (model `name`) does not take."""
     params = inspect.signature(target).parameters
     unknown = sorted(set(values) - set(params))
     if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         raise UnsafeConfigError(
             f"config.json sets {', '.join(unknown)}, which model {name!r} does not take; valid: {', '.join(params)}")
-    return config
 
 
 def _check_plain(node: Any, where: str) -> None:
@@ -59,7 +64,7 @@ def _check_plain(node: Any, where: str) -> None:
     elif isinstance(node, list):
         for i, value in enumerate(node):
             _check_plain(value, f"{where}[{i}]")
-    elif isinstance(node, str) and _IMPORT_PATH.match(node):
+    elif isinstance(node, str) and IMPORT_PATH.match(node):
         raise UnsafeConfigError(
             f"{where} = {node!r} looks like an import path; config.json may only hold a registry name and plain"
             " values, never a module, class or function path"
@@ -68,20 +73,33 @@ def _check_plain(node: Any, where: str) -> None:
         raise UnsafeConfigError(f"{where} = {node!r} is not a plain JSON value")
 
 
-def _build(config: dict[str, Any]) -> nn.Module:
-    """The model a validated `config.json` names, built through the registry (no import path involved)."""
-    return MODELS.build(config["name"], **config.get("config", {}))
+def build_model(config: dict[str, Any], build: Build | None = None,
+                model_cls: type[nn.Module] | None = None) -> nn.Module:
+    """The model a `config.json` names: `model_cls(**values)`, or `build(name, values)` (default: the catalog's).
+
+    A name `build` does not know (LookupError) is refused as UnsafeConfigError, like any other bad config."""
+    validate_config(config, model_cls)
+    values = dict(config.get("config", {}))
+    if model_cls is not None:
+        return model_cls(**values)
+    if build is None:
+        from framework.hub.catalog import build
+    try:
+        return build(config["name"], values)
+    except LookupError as err:
+        raise UnsafeConfigError(f"config.json names an unregistered model: {err}") from err
 
 
 # ---- loading -----------------------------------------------------------------------------------------------
-def _download(repo_id: str, filename: str, revision: str | None) -> str:
+def download(repo_id: str, filename: str, revision: str | None) -> str:
+    """`filename` of `repo_id` at `revision`, from the local cache or the Hub (`HF_ENDPOINT`); its local path."""
     from huggingface_hub import hf_hub_download
 
     return hf_hub_download(repo_id, filename, revision=revision, library_name="framework", library_version=__version__)
 
 
 def _fetch_config(repo_id: str, revision: str | None) -> tuple[dict[str, Any], str | None]:
-    path = Path(_download(repo_id, CONFIG_NAME, revision))
+    path = Path(download(repo_id, CONFIG_NAME, revision))
     commit = path.parent.name if re.fullmatch(r"[0-9a-f]{40}", path.parent.name) else None  # snapshots/<sha>/
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
@@ -95,23 +113,37 @@ def load_config(repo_id: str, revision: str | None = None) -> dict[str, Any]:
     return _fetch_config(repo_id, revision)[0]
 
 
-def from_pretrained(repo_id: str, revision: str | None = None) -> nn.Module:
-    """Rebuild the model named in `repo_id`'s config.json through the registry and load its safetensors weights.
+class Loaded(NamedTuple):
+    """A model loaded from the Hub, its validated config.json, the commit it came from and the weights' path."""
 
-    `revision` is a branch, tag or commit id. The model comes back in eval mode, with `.init_config`.
+    model: nn.Module
+    config: dict[str, Any]
+    commit: str | None
+    weights: str
+
+
+def from_pretrained(repo_id: str, revision: str | None = None, *, build: Build | None = None,
+                    model_cls: type[nn.Module] | None = None) -> nn.Module:
+    """Rebuild the model named in `repo_id`'s config.json and load its safetensors weights.
+
+    `revision` is a branch, tag or commit id; `build(name, config)` builds the named model (default: the
+    framework catalog's) or `model_cls` is its class. The model comes back in eval mode, with `.init_config`.
     """
-    return _load(repo_id, revision)[0]
+    return load_model(repo_id, revision, build=build, model_cls=model_cls).model
 
 
-def _load(repo_id: str, revision: str | None) -> tuple[nn.Module, dict[str, Any], str | None, str]:
+def load_model(repo_id: str, revision: str | None = None, *, build: Build | None = None,
+               model_cls: type[nn.Module] | None = None) -> Loaded:
+    """`from_pretrained`, also returning the config, the commit and where the weights are."""
     from huggingface_hub.errors import EntryNotFoundError
     from safetensors import SafetensorError, safe_open
-    from safetensors.torch import load_model
+    from safetensors.torch import load_model as load_safetensors
 
-    config, commit = _fetch_config(repo_id, revision)  # validated before anything else is downloaded or built
+    config, commit = _fetch_config(repo_id, revision)  # validated before anything else is downloaded
+    model = build_model(config, build, model_cls)  # an unknown name is refused before the weights download
     where = f"{repo_id}@{commit or revision or 'main'}"
     try:
-        weights = _download(repo_id, WEIGHTS_NAME, commit or revision)  # same commit as config.json
+        weights = download(repo_id, WEIGHTS_NAME, commit or revision)  # same commit as config.json
     except EntryNotFoundError as err:
         raise UnsafeWeightsError(f"{where} has no {WEIGHTS_NAME}; framework loads safetensors only and never"
                                  " unpickles (pytorch_model.bin, *.pt, *.ckpt are refused)") from err
@@ -121,50 +153,24 @@ def _load(repo_id: str, revision: str | None) -> tuple[nn.Module, dict[str, Any]
     except (SafetensorError, OSError, ValueError) as err:
         raise UnsafeWeightsError(f"{WEIGHTS_NAME} of {where} is not a safetensors file ({err}); refusing it"
                                  " (pickles are never loaded)") from err
-    model = _build(config)
     try:
-        load_model(model, weights, strict=True)
+        load_safetensors(model, weights, strict=True)
     except (RuntimeError, SafetensorError) as err:
         raise UnsafeWeightsError(f"{WEIGHTS_NAME} of {where} does not fit model {config['name']!r}: {err}") from err
-    return model.eval(), config, commit, weights
-
+    return Loaded(model.eval(), config, commit, weights)
 
 
 # ---- local checkpoints and init_from --------------------------------------------------------------------------
-def state_from_checkpoint(ckpt_path: str | Path) -> dict[str, torch.Tensor]:
-    """The backbone's state_dict from a Lightning checkpoint (`weights_only=True`: nothing is unpickled)."""
-    try:
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise UnsafeWeightsError(f"cannot load {ckpt_path} with weights_only=True: {err}") from err
-    state = ckpt.get("state_dict", ckpt) if isinstance(ckpt, dict) else None
-    if not isinstance(state, dict):
-        raise UnsafeWeightsError(f"{ckpt_path} holds no state_dict")
-    if any(k.startswith("model.") for k in state):  # a LightningModule's keys: keep its backbone `.model`
-        state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
-    if any("lora_" in k for k in state):  # a LoRA fine-tune: fold the adapters into plain weights
-        from framework.models.lora import merge_lora_state
-
-        state = merge_lora_state(state)
-    return state
-
-
-def load_weights_into(model: nn.Module, source: str | Path) -> nn.Module:
+def load_weights_into(model: nn.Module, source: str | Path, build: Build | None = None) -> nn.Module:
     """Load pretrained weights into `model` from a run dir, a `.ckpt` file or a Hub repo id (`init_from=...`).
 
     The shapes must match: a different architecture is refused with the mismatching keys, nothing is changed.
+    A Hub model is built by `build` (default: the catalog's) before its weights are copied over.
     """
-    path = Path(source)
-    if path.is_dir():
-        path = path / "checkpoints" / "last.ckpt"
-        if not path.is_file():
-            raise FileNotFoundError(f"init_from={source!r}: the run dir has no checkpoints/last.ckpt")
-    if path.suffix == ".ckpt" or path.is_file():
-        if not path.is_file():
-            raise FileNotFoundError(f"init_from={source!r}: no such checkpoint file")
-        state = state_from_checkpoint(path)
+    if is_local(source) or Path(source).suffix == ".ckpt":
+        state = RunDir(source).state()
     else:
-        state = _load(str(source), None)[0].state_dict()
+        state = load_model(str(source), build=build).model.state_dict()
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:

@@ -29,8 +29,8 @@ from framework.hub.common import (
     Pushed,
     UnsafeWeightsError,
 )
-from framework.hub.load import _build, state_from_checkpoint, validate_config
-from framework.registry import MODELS, load_catalog
+from framework.hub.load import build_model, validate_config
+from framework.runs import Build, RunDir, load_state
 
 
 # ---- pushing ------------------------------------------------------------------------------------------------
@@ -68,17 +68,19 @@ def retry_command(run_dir: str | Path, repo_id: str, revision: str | None = None
 
 
 def push_to_hub(run_dir_or_module: str | Path | nn.Module, repo_id: str, revision: str | None = None,
-                private: bool = False, *, commit_message: str | None = None, info: dict[str, Any] | None = None
-                ) -> Pushed:
+                private: bool = False, *, commit_message: str | None = None, info: dict[str, Any] | None = None,
+                build: Build | None = None) -> Pushed:
     """Publish a `framework.train` run dir (its last checkpoint) or a live model/TrainModule as ONE commit.
 
-    `info` adds card details for module pushes: `recipe`, `command`, `datasets`, `model_name`. Everything is
-    staged in a temporary folder first; Hub failures raise HubPushError (with the retry command for run dirs).
+    `info` adds card details for module pushes: `recipe`, `command`, `datasets`, `model_name` (without it, the
+    catalog names the model). A run dir's model is rebuilt by `build(name, config)` (default: the catalog's).
+    Everything is staged in a temporary folder first; Hub failures raise HubPushError (with the retry command for
+    run dirs).
     """
     check_repo_id(repo_id)
     source = run_dir_or_module
     if isinstance(source, (str, os.PathLike)):
-        bundle, what = _bundle_from_run_dir(Path(source)), str(source)
+        bundle, what = _bundle_from_run_dir(RunDir(source), build), str(source)
         retry = retry_command(source, repo_id, revision, private)
     elif isinstance(source, nn.Module):
         bundle, what, retry = _bundle_from_module(source, info or {}), type(source).__name__, None
@@ -96,40 +98,32 @@ def push_to_hub(run_dir_or_module: str | Path | nn.Module, repo_id: str, revisio
 
             raise HubPushError(
                 f"Pushing {what} to the Hub repo {repo_id!r} (revision {revision or 'main'}) at {constants.ENDPOINT}"
-                f" failed: {type(err).__name__}: {' '.join(_redact(str(err)).split())}. No partial commit was made"
+                f" failed: {type(err).__name__}: {' '.join(redact(str(err)).split())}. No partial commit was made"
                 + (f" and {what} is intact." if retry else "."),
                 retry,
             ) from err
 
 
-def _bundle_from_run_dir(run_dir: Path) -> _Bundle:
-    spec_path = run_dir / "model_config.json"
-    if not spec_path.is_file():
-        raise FileNotFoundError(f"{run_dir} has no model_config.json: pass the Hydra run dir of a finished"
+def _bundle_from_run_dir(run: RunDir, build: Build | None) -> _Bundle:
+    if not run.spec_path.is_file():
+        raise FileNotFoundError(f"{run.root} has no {run.spec_path.name}: pass the Hydra run dir of a finished"
                                 " `python -m framework.train` run (it holds results.json and checkpoints/)")
-    spec = json.loads(spec_path.read_text())
-    results_path = run_dir / "results.json"
-    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
-    ckpt_path = run_dir / "checkpoints" / "last.ckpt"
-    if not ckpt_path.is_file() and results.get("last_checkpoint"):
-        ckpt_path = Path(results["last_checkpoint"])
-    if not ckpt_path.is_file():
-        raise FileNotFoundError(f"{run_dir} has no checkpoints/last.ckpt: train with the `checkpoint` callback")
+    spec, results = run.spec(), run.results()
     config = validate_config({"name": spec.get("name"), "config": spec.get("config", {}),
                               "framework_version": __version__, "recipe": results.get("recipe"),
                               "command": results.get("command"),
                               **({"mask_id": spec["mask_id"]} if spec.get("mask_id") is not None else {})})
-    state = state_from_checkpoint(ckpt_path)
-    model = _build(config)
+    ckpt = run.checkpoint_file()
+    model = build_model(config, build)
     try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as err:
-        raise UnsafeWeightsError(f"{ckpt_path} does not fit model {config['name']!r}: {err}") from err
+        load_state(model, run.state(), ckpt)
+    except ValueError as err:
+        raise UnsafeWeightsError(f"{ckpt} does not fit model {config['name']!r}: {err.__cause__}") from err
     choices = results.get("choices") or {}
     return _Bundle(
         model, config, {k: float(v) for k, v in (results.get("metrics") or {}).items()},
         [choices["data"]] if choices.get("data") else [], choices.get("module"), results.get("global_step"),
-        _file_or_none(run_dir / "csv" / "metrics.csv"), _file_or_none(run_dir / ".hydra" / "config.yaml"),
+        _file_or_none(run.root / "csv" / "metrics.csv"), _file_or_none(run.root / ".hydra" / "config.yaml"),
     )
 
 
@@ -138,8 +132,12 @@ def _bundle_from_module(module: nn.Module, info: dict[str, Any]) -> _Bundle:
     if not isinstance(model, nn.Module) or not hasattr(model, "init_config"):
         raise TypeError(f"{type(module).__name__} has no .init_config (and no .model with one): only models"
                         " built on framework.models.base.RecordsConfig can be rebuilt by from_pretrained")
-    load_catalog()
-    name = info.get("model_name") or MODELS.name_of(type(model))
+    if info.get("model_name"):
+        name = info["model_name"]
+    else:
+        from framework.hub.catalog import name_of
+
+        name = name_of(model)
     command = info.get("command") or " ".join(shlex.quote(a) for a in ["python", *sys.argv])
     config = validate_config({"name": name, "config": dict(model.init_config), "framework_version": __version__,
                               "recipe": info.get("recipe"), "command": command})
@@ -222,7 +220,7 @@ def _commit(folder: Path, repo_id: str, revision: str | None, private: bool, mes
     return Pushed(repo_id, revision or "main", info.oid, info.commit_url)
 
 
-def _redact(text: str) -> str:
+def redact(text: str) -> str:
     """`text` with the Hub token, if any, replaced: errors may be printed and logged."""
     from huggingface_hub import get_token
 

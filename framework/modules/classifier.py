@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from framework.callbacks.data_agent import stepping_batches
+from framework.callbacks.selection import stepping_batches
 from framework.modules.base import TrainModule
 
 

@@ -27,6 +27,33 @@ NON_HIDDEN_PARTS = ("wte", "wpe", "lm_head", "head", "output", "final_layer", "c
 NON_HIDDEN_PREFIXES = ("ln",)
 
 
+#: Options of the hybrid optimizers that must be >= 0 (None means "same as the main value").
+NON_NEGATIVE_OPTIONS = ("lr", "adamw_lr", "weight_decay", "adamw_weight_decay", "eps", "adamw_eps")
+
+
+def check_betas(name: str, betas: Any) -> None:
+    """ValueError unless `betas` is two values, each in [0, 1)."""
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"{name}={tuple(betas)!r} is invalid: need two values, each in [0, 1)")
+
+
+def check_options(opts: dict[str, Any]) -> None:
+    """ValueError naming the bad value and its valid range, for the options of OLion and MuonAdamW that `opts`
+    holds (non-negative rates, `betas`/`adamw_betas`, `momentum`, `ns_steps`)."""
+    for key in NON_NEGATIVE_OPTIONS:
+        v = opts.get(key)
+        if v is not None and not v >= 0.0:
+            raise ValueError(f"{key}={v!r} is invalid: must be >= 0")
+    if "momentum" in opts and not 0.0 <= opts["momentum"] < 1.0:
+        raise ValueError(f"momentum={opts['momentum']!r} is invalid: must be in [0, 1)")
+    for key in ("betas", "adamw_betas"):
+        if key in opts:
+            check_betas(key, opts[key])
+    ns = opts.get("ns_steps", 1)
+    if isinstance(ns, bool) or not isinstance(ns, int) or ns < 1:
+        raise ValueError(f"ns_steps={ns!r} is invalid: must be an integer >= 1")
+
+
 def is_hidden_matrix(name: str, p: Tensor) -> bool:
     """Default routing (§1.5): True for ≥2-D weights whose name marks no embedding/head/norm/bias/token.
 

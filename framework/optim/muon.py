@@ -1,4 +1,5 @@
-"""Baselines for OLion: torch.optim.Muon + AdamW as one optimizer, and OLion without its sign step.
+"""A baseline for OLion: torch.optim.Muon + AdamW as one optimizer (OLion without its sign step is
+`OLion(sign=False)`, registered as `ortho_momentum`).
 
 Spec: shared/specs/olion_growth.md §1.7 (torch.optim.Muon anchor) and §1.6 T12 (OLion vs Muon).
 """
@@ -11,8 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from framework.optim.hybrid import Predicate, is_hidden_matrix, normalize_param_groups, split_group
-from framework.optim.olion import OLion, _check_betas
+from framework.optim.hybrid import Predicate, check_options, is_hidden_matrix, normalize_param_groups, split_group
 
 MUON_ADJUST_LR_FNS = ("original", "match_rms_adamw", "spectral_unclamped")
 
@@ -45,20 +45,6 @@ class MuonAdamW(torch.optim.Optimizer):
     ) -> None:
         if adjust_lr_fn is not None and adjust_lr_fn not in MUON_ADJUST_LR_FNS:
             raise ValueError(f"adjust_lr_fn={adjust_lr_fn!r} is invalid: valid: None, {MUON_ADJUST_LR_FNS}")
-        for key, v in (
-            ("lr", lr),
-            ("adamw_lr", adamw_lr),
-            ("weight_decay", weight_decay),
-            ("adamw_weight_decay", adamw_weight_decay),
-            ("adamw_eps", adamw_eps),
-        ):
-            if v is not None and not v >= 0.0:
-                raise ValueError(f"{key}={v!r} is invalid: must be >= 0")
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum={momentum!r} is invalid: must be in [0, 1)")
-        _check_betas("adamw_betas", adamw_betas)
-        if ns_steps < 1:
-            raise ValueError(f"ns_steps={ns_steps!r} is invalid: must be an integer >= 1")
         self.hparams = dict(
             lr=lr,
             weight_decay=weight_decay,
@@ -72,6 +58,7 @@ class MuonAdamW(torch.optim.Optimizer):
             adamw_eps=adamw_eps,
             adamw_weight_decay=weight_decay if adamw_weight_decay is None else adamw_weight_decay,
         )
+        check_options(self.hparams)
         user_predicate = predicate or is_hidden_matrix
         self.predicate: Callable[[str, Tensor], bool] = lambda n, p: p.ndim == 2 and user_predicate(n, p)
         self._muon: torch.optim.Muon | None = None
@@ -136,16 +123,3 @@ class MuonAdamW(torch.optim.Optimizer):
                 inner.step()
         return loss
 
-
-class OrthoMomentum(OLion):
-    """OLion minus the sign step (ablation): W ← W(1−ηλ) − η·s·NS5(c), same momentum, NS, routing and scales.
-
-    With the default scales the update is NS5(c) renormalised to ‖·‖_F = sqrt(min dim) times
-    0.2·sqrt(max dim): RMS exactly 0.2·lr, like Muon with "match_rms_adamw". Comparing it with OLion isolates
-    the sign step, because both share `newton_schulz5` and everything else.
-    """
-
-    def __init__(self, params: Iterable[Any], **kwargs: Any) -> None:
-        if "sign" in kwargs:
-            raise ValueError(f"OrthoMomentum has no sign step; got sign={kwargs['sign']!r} (use OLion)")
-        super().__init__(params, sign=False, **kwargs)

@@ -17,30 +17,13 @@ from torch import Tensor
 from framework.optim.hybrid import (
     Predicate,
     check_not_sharded,
+    check_options,
     is_hidden_matrix,
     normalize_param_groups,
     param_label,
     split_group,
 )
 from framework.optim.newton_schulz import newton_schulz5
-
-
-def _check_betas(name: str, betas: Any) -> None:
-    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"{name}={tuple(betas)!r} is invalid: need two values, each in [0, 1)")
-
-
-def _check_options(opts: dict[str, Any]) -> None:
-    """ValueError naming the bad value and its valid range (shared by the constructor and add_param_group)."""
-    for key in ("lr", "adamw_lr", "weight_decay", "adamw_weight_decay", "eps", "adamw_eps"):
-        v = opts.get(key)
-        if v is not None and not v >= 0.0:
-            raise ValueError(f"{key}={v!r} is invalid: must be >= 0")
-    _check_betas("betas", opts["betas"])
-    _check_betas("adamw_betas", opts["adamw_betas"])
-    ns = opts["ns_steps"]
-    if isinstance(ns, bool) or not isinstance(ns, int) or ns < 1:
-        raise ValueError(f"ns_steps={ns!r} is invalid: must be an integer >= 1")
 
 
 class OLion(torch.optim.Optimizer):
@@ -59,7 +42,7 @@ class OLion(torch.optim.Optimizer):
     m, Lion's order; `nesterov=False`: c = m). Scales use the 2-D view (out, in·k…): `use_scale` sets
     ‖S‖_F = sqrt(min dim), `rms_scale` multiplies by 0.2·sqrt(max dim), so by default every entry moves by
     ±0.2·lr, the same RMS as AdamW, and `lr` is meant to be the AdamW lr. `sign=False` drops the sign step
-    (the NS-only ablation, see framework.optim.muon.OrthoMomentum).
+    (the NS-only ablation, registered as `ortho_momentum`).
 
     `ns_dtype` (a dtype or its name) sets the Newton–Schulz dtype; None means bf16 on CUDA and fp32 elsewhere
     (CPUs without bf16 units run bf16 matmuls 30–70× slower). Under DDP every rank computes the same update
@@ -108,7 +91,7 @@ class OLion(torch.optim.Optimizer):
             adamw_eps=adamw_eps,
             adamw_weight_decay=adamw_weight_decay,
         )
-        _check_options(defaults)
+        check_options(defaults)
         self.predicate: Callable[[str, Tensor], bool] = predicate or is_hidden_matrix
         self._warned_unnamed = False
         super().__init__(normalize_param_groups(params), defaults)
@@ -117,7 +100,7 @@ class OLion(torch.optim.Optimizer):
         """Route `param_group` into an OLion group and up to two AdamW groups (decay / no decay); add them."""
         overrides = {k: v for k, v in param_group.items() if k not in ("params", "param_names")}
         opts = {**self.defaults, **overrides}
-        _check_options(opts)
+        check_options(opts)
         explicit = opts.pop("use_olion", None)
         predicate = self.predicate if explicit is None else (lambda name, p: bool(explicit))
         subgroups = split_group(param_group, predicate)

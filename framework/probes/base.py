@@ -8,10 +8,11 @@ it, `pretrain_steps` teacher-forcing steps first train the base from the datamod
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import torch
 import torch.nn.functional as F
@@ -40,15 +41,43 @@ def accuracy_at(model: nn.Module, prompt: Tensor, answer: Tensor, full_heads: Te
     return reward(out, answer)
 
 
+def inherit_options(cls: type) -> None:
+    """Give `cls.__init__(self, ..., **options)` the full signature: its own parameters, then the parent's options
+    (keyword-only, with their defaults and resolved type hints). A subclass without `**options` is left alone."""
+    init = cls.__dict__.get("__init__")
+    if init is None:
+        return
+    own = list(inspect.signature(init).parameters.values())
+    if not own or own[-1].kind is not inspect.Parameter.VAR_KEYWORD:
+        return
+    parent_init = cls.__mro__[1].__init__
+    hints = {**get_type_hints(parent_init), **get_type_hints(init)}
+    names = {p.name for p in own}
+    inherited = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+                 for p in list(inspect.signature(parent_init).parameters.values())[1:]
+                 if p.name not in names and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in own[:-1] + inherited]
+    init.__signature__ = inspect.Signature(params, return_annotation=None)
+    init.__annotations__ = {p.name: hints[p.name] for p in params if p.name in hints} | {"return": None}
+
+
 class HeadProbe(TrainModule):
     """A frozen causal LM (`self.model`) plus gates (depth, kv_heads) in [0, 1]; subclasses write `training_step`.
 
     Validation logs `val/acc_full` (standard cache), `val/acc_s{s}` for each of `eval_sparsities` (hard
     allocation by the gates, real mixed cache, greedy) and `val/acc_soft` (the soft-gated model). The
     allocation is saved as `head_allocation.json` in the trainer's root dir at the end of fit.
+
+    The options below (`sink`, `sparsity`, `pretrain_steps`, ...) are written once, here. A subclass lists only
+    its own and takes the rest as `**options`; `__init_subclass__` gives its `__init__` the full signature, so
+    hydra-zen's `populate_full_signature` still makes every key overridable and checked (`module.sink=2`).
     """
 
     method = "gates"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        inherit_options(cls)
 
     def __init__(self, model: nn.Module | Callable[..., nn.Module], optimizer: Any = None, scheduler: Any = None,
                  vocab_size: int | None = None, sink: int = 1, recent: int = 4, init_gate: float = 1.0,
@@ -208,20 +237,8 @@ class RandomHeads(HeadProbe):
 
     method = "random"
 
-    def __init__(self, model: Any, optimizer: Any = None, scheduler: Any = None, seed: int = 0,
-                 vocab_size: int | None = None, sink: int = 1, recent: int = 4, init_gate: float = 1.0,
-                 sparsity: float = 0.5, eval_sparsities: Sequence[float] = (0.25, 0.5, 0.75),
-                 reward: Callable[[Tensor, Tensor], Tensor] = exact_match, pretrain_steps: int = 0,
-                 pretrain_lr: float = 1e-3, pretrain_batch_size: int = 64, prompt_length: int | None = None,
-                 max_new_tokens: int | None = None,
-                 eos_id: int | None = None, pad_id: int | None = None, save_allocation: bool = True):
-        super().__init__(model, optimizer, scheduler, vocab_size=vocab_size, sink=sink, recent=recent,
-                         init_gate=init_gate,
-                         sparsity=sparsity, eval_sparsities=eval_sparsities, reward=reward,
-                         pretrain_steps=pretrain_steps, pretrain_lr=pretrain_lr,
-                         pretrain_batch_size=pretrain_batch_size, prompt_length=prompt_length,
-                         max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
-                         save_allocation=save_allocation)
+    def __init__(self, model: Any, optimizer: Any = None, scheduler: Any = None, seed: int = 0, **options: Any):
+        super().__init__(model, optimizer, scheduler, **options)
         with torch.no_grad():
             self.gates.copy_(torch.rand(self.gates.shape, generator=torch.Generator().manual_seed(seed)))
         self.gates.requires_grad_(False)

@@ -7,7 +7,6 @@ DuoAttention trains on a retrieval proxy (synthetic passkeys); with `pointer_cha
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -15,7 +14,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from framework.probes.base import HeadProbe
-from framework.probes.rewards import exact_match
 
 
 class DuoAttentionProbe(HeadProbe):
@@ -24,19 +22,8 @@ class DuoAttentionProbe(HeadProbe):
     method = "duo_attention"
 
     def __init__(self, model: Any, optimizer: Any = None, scheduler: Any = None, reg_weight: float = 0.05,
-                 vocab_size: int | None = None, sink: int = 1, recent: int = 4, init_gate: float = 1.0,
-                 sparsity: float = 0.5, eval_sparsities: Sequence[float] = (0.25, 0.5, 0.75),
-                 reward: Callable[[Tensor, Tensor], Tensor] = exact_match, pretrain_steps: int = 0,
-                 pretrain_lr: float = 1e-3, pretrain_batch_size: int = 64, prompt_length: int | None = None,
-                 max_new_tokens: int | None = None,
-                 eos_id: int | None = None, pad_id: int | None = None, save_allocation: bool = True):
-        super().__init__(model, optimizer, scheduler, vocab_size=vocab_size, sink=sink, recent=recent,
-                         init_gate=init_gate,
-                         sparsity=sparsity, eval_sparsities=eval_sparsities, reward=reward,
-                         pretrain_steps=pretrain_steps, pretrain_lr=pretrain_lr,
-                         pretrain_batch_size=pretrain_batch_size, prompt_length=prompt_length,
-                         max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
-                         save_allocation=save_allocation)
+                 **options: Any):
+        super().__init__(model, optimizer, scheduler, **options)
         if reg_weight < 0:
             raise ValueError(f"reg_weight={reg_weight} must be >= 0")
         self.reg_weight = float(reg_weight)

@@ -14,7 +14,7 @@ so the PPO ratio is 1 and the clip is inactive: the loss is the plain policy gra
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,7 +23,6 @@ from torch import Tensor
 
 from framework.probes.base import HeadProbe
 from framework.probes.kv_cache import decode_uncached
-from framework.probes.rewards import exact_match
 
 
 def adaptive_penalty_weight(mean_reward: float, tau: float = 0.5) -> float:
@@ -85,20 +84,8 @@ class RLKVProbe(HeadProbe):
     method = "rlkv"
 
     def __init__(self, model: Any, optimizer: Any = None, scheduler: Any = None, group_size: int = 4,
-                 penalty: float = 0.5, tau: float = 0.5, temperature: float = 1.0, seed: int = 0,
-                 vocab_size: int | None = None, sink: int = 1, recent: int = 4, init_gate: float = 1.0,
-                 sparsity: float = 0.5, eval_sparsities: Sequence[float] = (0.25, 0.5, 0.75),
-                 reward: Callable[[Tensor, Tensor], Tensor] = exact_match, pretrain_steps: int = 0,
-                 pretrain_lr: float = 1e-3, pretrain_batch_size: int = 64, prompt_length: int | None = None,
-                 max_new_tokens: int | None = None,
-                 eos_id: int | None = None, pad_id: int | None = None, save_allocation: bool = True):
-        super().__init__(model, optimizer, scheduler, vocab_size=vocab_size, sink=sink, recent=recent,
-                         init_gate=init_gate,
-                         sparsity=sparsity, eval_sparsities=eval_sparsities, reward=reward,
-                         pretrain_steps=pretrain_steps, pretrain_lr=pretrain_lr,
-                         pretrain_batch_size=pretrain_batch_size, prompt_length=prompt_length,
-                         max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
-                         save_allocation=save_allocation)
+                 penalty: float = 0.5, tau: float = 0.5, temperature: float = 1.0, seed: int = 0, **options: Any):
+        super().__init__(model, optimizer, scheduler, **options)
         if group_size < 2:
             raise ValueError(f"group_size={group_size} must be >= 2 (advantages are normalised within a group)")
         if penalty < 0 or temperature <= 0:

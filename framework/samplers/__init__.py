@@ -1,5 +1,5 @@
 """Dynamic data selection: a score table, one DDP-correct `SelectionSampler`, and policies behind one interface
-(full, random, InfoBatch, Data Agent, ε-greedy, UCB). `framework.callbacks.data_agent.DataSelection` wires them
+(full, random, InfoBatch, Data Agent, ε-greedy, UCB). `framework.callbacks.selection.DataSelection` wires them
 into any Lightning fit."""
 
 from framework.samplers.agent import DataAgentPolicy, PPOAgent, RewardNormalizer, composite_reward

@@ -7,7 +7,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from framework.callbacks.data_agent import DataSelection
+from framework.callbacks.selection import DataSelection
 from framework.data.digits import ArrayDataset
 from framework.data.resumable import SplitData
 from framework.models.convnet import MLP

@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
-from framework.callbacks.data_agent import DataSelection
+from framework.callbacks.selection import DataSelection
 from framework.data.digits import ArrayDataset
 from framework.data.resumable import SplitData
 from framework.models.convnet import MLP

@@ -1,4 +1,4 @@
-"""MuonAdamW (torch.optim.Muon + AdamW as one optimizer) and OrthoMomentum (OLion minus the sign step)."""
+"""MuonAdamW (torch.optim.Muon + AdamW as one optimizer) and `ortho_momentum` (OLion minus the sign step)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from framework.optim import MuonAdamW, OLion, OrthoMomentum
+from framework.optim import MuonAdamW, OLion
 
 torch.set_num_threads(1)
 
@@ -135,12 +135,12 @@ def test_bad_input_raises_value_error(kwargs, match):
 def test_ortho_momentum_is_olion_minus_the_sign_with_rms_exactly_0_2_lr():
     g = torch.randn(48, 80, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     out = {}
-    for cls in (OLion, OrthoMomentum):
+    for sign in (True, False):
         w = nn.Parameter(torch.zeros(48, 80, dtype=torch.float64))
         w.grad = g.clone()
-        cls([("w", w)], lr=1e-3, ns_dtype=torch.float32).step()
-        out[cls] = w.detach()
-    ortho, olion = out[OrthoMomentum], out[OLion]
+        OLion([("w", w)], lr=1e-3, ns_dtype=torch.float32, sign=sign).step()
+        out[sign] = w.detach()
+    ortho, olion = out[False], out[True]
     assert math.isclose(ortho.pow(2).mean().sqrt().item(), 2e-4, rel_tol=1e-8)  # eps/‖Q‖_F ≈ 2e-9
     assert len(ortho.abs().unique()) > 100 and torch.allclose(olion.abs(), torch.full_like(olion, 2e-4))
     agree = (torch.sign(ortho) == torch.sign(olion)).double().mean()
@@ -151,8 +151,8 @@ def test_ortho_momentum_without_renorm_equals_torch_muon_match_rms_adamw():
     g = torch.randn(64, 32, generator=torch.Generator().manual_seed(1))
     w0 = torch.randn(64, 32, generator=torch.Generator().manual_seed(2))
     ws = [nn.Parameter(w0.clone()) for _ in range(2)]
-    ours = OrthoMomentum(
-        [("w", ws[0])], lr=1e-2, betas=(0.95, 0.95), use_scale=False, ns_dtype=torch.bfloat16
+    ours = OLion(
+        [("w", ws[0])], lr=1e-2, betas=(0.95, 0.95), use_scale=False, ns_dtype=torch.bfloat16, sign=False
     )
     theirs = torch.optim.Muon([ws[1]], lr=1e-2, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
     for k in range(2):
@@ -163,6 +163,21 @@ def test_ortho_momentum_without_renorm_equals_torch_muon_match_rms_adamw():
     assert torch.allclose(ws[0], ws[1], rtol=0, atol=1e-7)
 
 
-def test_ortho_momentum_refuses_a_sign_argument():
-    with pytest.raises(ValueError, match="sign=True"):
-        OrthoMomentum(small_lm().named_parameters(), sign=True)
+def test_the_registered_ortho_momentum_is_olion_without_the_sign_step():
+    from framework.catalog.optimizers import OPTIMIZERS
+
+    opt = OPTIMIZERS.build("ortho_momentum", small_lm().named_parameters())
+    assert type(opt) is OLion
+    assert [g["sign"] for g in opt.param_groups if g["use_olion"]] == [False]
+
+
+@pytest.mark.parametrize("cls", [OLion, MuonAdamW])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"weight_decay": -0.1}, r"weight_decay=-0\.1 is invalid: must be >= 0"),
+     ({"adamw_betas": (0.9, 1.0)}, r"adamw_betas=\(0\.9, 1\.0\) is invalid"),
+     ({"ns_steps": 0}, r"ns_steps=0 is invalid: must be an integer >= 1")],
+)  # fmt: skip
+def test_olion_and_muon_refuse_a_bad_shared_option_in_the_same_words(cls, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cls(small_lm().named_parameters(), **kwargs)

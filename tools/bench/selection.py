@@ -62,7 +62,7 @@ def run(workload: str, policy: str, seed: int, epochs: int | None = None) -> dic
     """One training run; returns test accuracy, cost, wall time and the callback's own time."""
     import lightning as L
 
-    from framework.callbacks.data_agent import DataSelection
+    from framework.callbacks.selection import DataSelection
     from framework.models.convnet import MLP
     from framework.modules.classifier import Classifier
     from framework.optim.schedulers import warmup_cosine
