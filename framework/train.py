@@ -139,7 +139,8 @@ def train(
 
     initial = {}
     if validate_before_fit and ckpt_path is None:
-        initial = numbers(run.validate(lm, datamodule=data, verbose=False)[0], suffix="_init")
+        metrics = run.validate(lm, datamodule=data, verbose=False)  # [] when trainer.limit_val_batches=0
+        initial = numbers(metrics[0], suffix="_init") if metrics else {}
     _or_exit(run.fit, lm, datamodule=data, ckpt_path=ckpt_path, code=1)
     if interrupt.saved_path:  # Ctrl-C: stop here, on every rank; the checkpoint and the resume command are printed
         record.interrupted(run, interrupt.saved_path)

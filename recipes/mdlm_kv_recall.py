@@ -10,7 +10,7 @@ recipe(
     defaults={"data": "kv_recall", "model": "transformer_lm", "module": "mdlm", "optimizer": "adamw",
               "callbacks": ["checkpoint", "mask_sweep"]},
     data={"batch_size": 64, "n_train": 20000},
-    model={"dim": 64, "depth": 3, "heads": 4, "causal": False, "max_seq_len": 128},
+    model={"dim": 64, "depth": 3, "heads": 4, "causal": False, "max_seq_len": 128, "init": "gpt2"},
     module={"sft_fraction": 0.5},
     optimizer={"lr": 2e-3, "weight_decay": 0.0},
     scheduler={"warmup_steps": 50, "min_lr_ratio": 0.1},

@@ -8,7 +8,7 @@ recipe(
     description="Byte-level masked diffusion LM (MDLM) on CPython's docs; sample with `python -m framework.generate`.",
     base="char_lm",
     defaults={"module": "mdlm"},
-    model={"causal": False, "max_seq_len": 512},
+    model={"causal": False, "max_seq_len": 512, "init": "gpt2"},
     module={"ema_decay": 0.99},
     optimizer={"weight_decay": 0.0},
 )

@@ -9,7 +9,7 @@ recipe(
     description="Causal transformer taught multi-hop pointer chasing (the base model that rlkv_probe probes).",
     defaults={"data": "pointer_chase", "model": "transformer_lm", "module": "causal_lm", "optimizer": "adamw"},
     data={"n_pairs": 8, "n_symbols": 16, "batch_size": 64},
-    model={"dim": 128, "depth": 4, "heads": 4, "max_seq_len": 32},
+    model={"dim": 128, "depth": 4, "heads": 4, "max_seq_len": 32, "init": "gpt2"},
     module={"prompt_length": 19},
     optimizer={"lr": 1e-3, "betas": [0.9, 0.98], "weight_decay": 0.0},
     scheduler={"warmup_steps": 100, "min_lr_ratio": 0.1},

@@ -11,7 +11,7 @@ recipe(
     defaults={"data": "pointer_chase", "model": "transformer_lm", "module": "rlkv", "optimizer": "adamw",
               "scheduler": "constant"},
     data={"n_pairs": 8, "n_symbols": 16, "batch_size": 16},
-    model={"dim": 128, "depth": 4, "heads": 4, "max_seq_len": 32},
+    model={"dim": 128, "depth": 4, "heads": 4, "max_seq_len": 32, "init": "gpt2"},
     module={"pretrain_steps": 2500, "sparsity": 0.5, "eval_sparsities": [0.25, 0.5, 0.75]},
     optimizer={"lr": 1e-2, "weight_decay": 0.0},
     trainer={"max_steps": 150, "val_check_interval": 50, "check_val_every_n_epoch": None, "limit_val_batches": 2},

@@ -40,7 +40,7 @@ def mask_sweep(
     model.eval()
     mask_id = datamodule.mask_id
     reference = None
-    table: dict[str, Any] = {"m": [], "acc": [], "nll": [], "tv": [], "acc_by_slot": {}}
+    table: dict[str, Any] = {"m": [], "acc": [], "nll": [], "tv": [], "eval_len": [], "acc_by_slot": {}}
     for m in sorted(set(ms) | {reference_m}):
         batch = datamodule.eval_batch(m, n_per_slot=n_per_slot, seed=seed)
         device = next(model.parameters()).device
@@ -51,6 +51,7 @@ def mask_sweep(
         if m == reference_m:
             reference = probs
         table["m"].append(m)
+        table["eval_len"].append(batch["tokens"].shape[1])
         table["acc"].append(correct.mean().item())
         table["nll"].append(-logp.gather(1, answer[:, None]).mean().item())
         table["_probs_" + str(m)] = probs
@@ -60,10 +61,12 @@ def mask_sweep(
         table["tv"].append(tv_distance(table.pop("_probs_" + str(m)), reference).mean().item())
     model.train(was_training)
     keep = [i for i, m in enumerate(table["m"]) if m in ms]
-    for key in ("m", "acc", "nll", "tv"):
+    for key in ("m", "acc", "nll", "tv", "eval_len"):
         table[key] = [table[key][i] for i in keep]
     table["acc_by_slot"] = {k: v for k, v in table["acc_by_slot"].items() if int(k) in ms}
     table["reference_m"] = reference_m
+    # the longest training row (prompt + answer + EOS tail); an evaluation longer than it is length extrapolation
+    table["train_max_len"] = getattr(datamodule, "max_len", None)
     return table
 
 
@@ -72,6 +75,9 @@ def format_table(table: dict[str, Any]) -> str:
     rows = [head]
     for key, label in (("acc", "accuracy"), ("nll", "answer NLL"), ("tv", f"TV to m={table['reference_m']}")):
         rows.append(f"{label:16s} " + " ".join(f"{v:6.3f}" for v in table[key]))
+    if table.get("train_max_len") and table.get("eval_len"):  # mark the evaluations longer than every training row
+        rows.append(f"{'beyond training':16s} " + " ".join(
+            f"{'*' if n > table['train_max_len'] else '':>6s}" for n in table["eval_len"]))
     return "\n".join(rows)
 
 

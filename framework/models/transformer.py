@@ -168,8 +168,44 @@ class Block(nn.Module):
         return x + self.ffn(self.norm2(x))
 
 
+#: Weight initialisation schemes of the language models (`init=`); see `init_weights`.
+INITS = ("gpt2", "torch")
+
+
+def check_init(init: str) -> None:
+    if init not in INITS:
+        raise ValueError(f"init={init!r} is not an initialisation scheme; valid: {', '.join(INITS)}")
+
+
+def init_weights(model: nn.Module, init: str, depth: int) -> None:
+    """Draw the weights of a freshly built language model under the scheme `init`.
+
+    - ``"gpt2"``: every `nn.Linear` / `nn.Embedding` weight ~ N(0, 0.02²), then every residual projection
+      (`*proj.weight`) ~ N(0, (0.02/√(2·depth))²). Made for widths near 768; at d = 64 it stalls learning (issue 17:
+      the needle MDLM stays at chance).
+    - ``"torch"``: PyTorch's own defaults, as the layers were built: `nn.Linear` weights ~ U(±1/√fan_in)
+      (std 1/√(3·fan_in), so it scales with width), `nn.Embedding` ~ N(0, 1). Nothing more is drawn.
+
+    LayerNorms are weight 1, bias 0 under both. On the meta device (shapes only) nothing is drawn.
+    """
+    check_init(init)
+    if init == "torch" or any(p.is_meta for p in model.parameters()):
+        return
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+    for name, p in model.named_parameters():  # GPT-2: scale residual projections by depth
+        if name.endswith("proj.weight"):
+            nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
+
+
 class TransformerLM(RecordsConfig):
-    """Token ids (batch, seq) → logits (batch, seq, vocab). `causal=False` gives the diffusion backbone."""
+    """Token ids (batch, seq) → logits (batch, seq, vocab). `causal=False` gives the diffusion backbone.
+
+    `init` names the weight initialisation (`INITS`, see `init_weights`): ``"gpt2"`` (N(0, 0.02), the default, as
+    before) or ``"torch"`` (PyTorch's defaults, which scale with width; small models such as the d = 64 needle MDLM
+    learn only with it). Loading saved weights does not depend on it.
+    """
 
     def __init__(
         self,
@@ -183,8 +219,10 @@ class TransformerLM(RecordsConfig):
         causal: bool = True,
         dropout: float = 0.0,
         tie_embeddings: bool = False,
+        init: str = "gpt2",
     ):
         super().__init__()
+        check_init(init)
         sizes = dict(vocab_size=vocab_size, dim=dim, depth=depth, heads=heads, max_seq_len=max_seq_len)
         for key, value in sizes.items():
             if value < 1:
@@ -206,15 +244,7 @@ class TransformerLM(RecordsConfig):
         cos, sin = rotary_tables(max_seq_len, dim // heads)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.apply(self._init_weights)
-        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
-            if name.endswith("proj.weight"):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
-
-    @staticmethod
-    def _init_weights(m: nn.Module) -> None:
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
+        init_weights(self, init, depth)
 
     def features(
         self,
