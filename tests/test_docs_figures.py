@@ -46,6 +46,7 @@ ALLOWED = [
     r"Beta\(1\.69, 1\.69\) with mean 0\.5", r"0\.999³⁰⁰ ≈ 74 %",  # arithmetic, not measurements
     r"lossless at >50% saving", r"≥ 1× Chinchilla",  # the papers' claims, quoted as claims
     r"0\.1·lr",  # a schedule setting
+    r"0\.02(?=²|/√| scale)",  # GPT-2's initialisation standard deviation (a setting)
 ]
 
 
