@@ -11,7 +11,6 @@ width growth (framework.grow) can append copies. Spec: shared/specs/olion_growth
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import torch
@@ -20,7 +19,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from framework.models.base import RecordsConfig
-from framework.models.transformer import Attention, rotary_tables
+from framework.models.transformer import LanguageModel, check_positive
 
 #: Router conventions. All but `sigmoid_topk` give each token gate weights that sum to a quantity unchanged by
 #: duplicating every expert and doubling top_k (so noise-free width growth preserves the function, spec §2.2).
@@ -132,23 +131,9 @@ class MoE(nn.Module):
         return rearrange(out, "(b t) d -> b t d", b=x.shape[0])
 
 
-class MoEBlock(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + moe(norm(x))."""
-
-    def __init__(self, dim: int, heads: int, kv_heads: int, causal: bool, dropout: float, moe: MoE):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads, kv_heads, causal, dropout)
-        self.norm2 = nn.LayerNorm(dim)
-        self.moe = moe
-
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, key_padding_mask)
-        return x + self.moe(self.norm2(x))
-
-
-class MoETransformerLM(RecordsConfig):
-    """Token ids (batch, seq) → logits; every block's feed-forward is an `MoE`. Layers are `self.blocks`.
+class MoETransformerLM(LanguageModel, RecordsConfig):
+    """Token ids (batch, seq) → logits; the `TransformerLM` shell with every block's feed-forward an `MoE`
+    (`blocks.{i}.moe`). Layers are `self.blocks`.
 
     `expert_hidden` defaults to 2·dim (SwiGLU, so an expert has 6·dim² weights); `shared_hidden=0` means no
     shared expert; `aux_loss_coef` scales the load-balancing loss. The output never contains it: a training
@@ -173,35 +158,12 @@ class MoETransformerLM(RecordsConfig):
         dropout: float = 0.0,
         tie_embeddings: bool = False,
     ):
-        super().__init__()
-        for key, value in dict(vocab_size=vocab_size, dim=dim, depth=depth, heads=heads, num_experts=num_experts,
-                               top_k=top_k).items():
-            if value < 1:
-                raise ValueError(f"{key}={value} must be a positive integer")
-        self.max_seq_len, self.causal = max_seq_len, causal
+        check_positive(num_experts=num_experts, top_k=top_k)
         hidden = expert_hidden or 2 * dim
-        self.embed = nn.Embedding(vocab_size, dim)
-        self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(
-            MoEBlock(dim, heads, kv_heads or heads, causal, dropout,
-                     MoE(dim, num_experts, top_k, hidden, router, shared_hidden, aux_loss_coef))
-            for _ in range(depth)
-        )
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab_size, bias=False)
-        if tie_embeddings:
-            self.head.weight = self.embed.weight
-        cos, sin = rotary_tables(max_seq_len, dim // heads)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
-        if self.head.weight.is_meta:  # shapes only (parameter counting, growth planning): nothing to draw
-            return
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, std=0.02)
-        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
-            if name.endswith("proj.weight"):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
+        super().__init__(vocab_size, dim, depth, heads, kv_heads, max_seq_len, causal, dropout, tie_embeddings,
+                         feed_forward=lambda: MoE(dim, num_experts, top_k, hidden, router, shared_hidden,
+                                                  aux_loss_coef),
+                         ffn_name="moe")
 
     def moe_layers(self) -> list[MoE]:
         """The MoE feed-forward layers, first to last."""
@@ -217,17 +179,3 @@ class MoETransformerLM(RecordsConfig):
         """Mean load-balancing loss of the last forward pass over all layers (detached, for logging)."""
         losses = [m.last_aux_loss for m in self.moe_layers() if m.last_aux_loss is not None]
         return torch.stack(losses).mean() if losses else None
-
-    def features(self, idx: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        """Final normalised hidden states (batch, seq, dim)."""
-        t = idx.shape[1]
-        if t > self.max_seq_len:
-            raise ValueError(f"sequence length {t} exceeds max_seq_len={self.max_seq_len}")
-        cos, sin = self.rope_cos[:t], self.rope_sin[:t]
-        x = self.drop(self.embed(idx))
-        for block in self.blocks:
-            x = block(x, cos, sin, key_padding_mask)
-        return self.norm(x)
-
-    def forward(self, idx: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        return self.head(self.features(idx, key_padding_mask))

@@ -1,12 +1,15 @@
 """A small transformer language model in one file: causal or bidirectional, GQA, rotary positions.
 
-The same `Block` later carries MoE feed-forward layers and per-KV-head attention gates. Attention uses
-PyTorch's `scaled_dot_product_attention`; reshapes are einops.
+`LanguageModel` is the one shell (embedding, blocks, norm, head, GPT-2 init, per-KV-head attention gates and the
+decoding cache) with a pluggable feed-forward: `TransformerLM` plugs in the dense `MLP`,
+`framework.models.moe.MoETransformerLM` an `MoE`. Attention uses PyTorch's `scaled_dot_product_attention`;
+reshapes are einops.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -142,14 +145,21 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm(x)), then x + ffn(norm(x))."""
+    """Pre-norm transformer block: x + attn(norm(x)), then x + ffn(norm(x)).
 
-    def __init__(self, dim: int, heads: int, kv_heads: int, mlp_ratio: float, causal: bool, dropout: float):
+    `feed_forward()` builds the feed-forward layer (after the attention, so layers built with PyTorch's default
+    init draw in a fixed order); it is stored under `ffn_name` (`ffn` for the dense MLP, `moe` for an `MoE`), which
+    is also its state_dict key, so checkpoints of either model keep their keys.
+    """
+
+    def __init__(self, dim: int, heads: int, kv_heads: int, causal: bool, dropout: float,
+                 feed_forward: Callable[[], nn.Module], ffn_name: str = "ffn"):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
         self.attn = Attention(dim, heads, kv_heads, causal, dropout)
         self.norm2 = nn.LayerNorm(dim)
-        self.ffn = MLP(dim, int(mlp_ratio * dim), dropout)
+        self.ffn_name = ffn_name
+        self.add_module(ffn_name, feed_forward())
 
     def forward(
         self,
@@ -165,7 +175,14 @@ class Block(nn.Module):
             x = x + self.attn(self.norm1(x), cos, sin, key_padding_mask)
         else:
             x = x + self.attn(self.norm1(x), cos, sin, key_padding_mask, gates=gates, window=window, cache=cache)
-        return x + self.ffn(self.norm2(x))
+        return x + getattr(self, self.ffn_name)(self.norm2(x))
+
+
+def check_positive(**sizes: int) -> None:
+    """ValueError naming the first of `sizes` that is not a positive integer."""
+    for key, value in sizes.items():
+        if value < 1:
+            raise ValueError(f"{key}={value} must be a positive integer")
 
 
 #: Weight initialisation schemes of the language models (`init=`); see `init_weights`.
@@ -199,43 +216,41 @@ def init_weights(model: nn.Module, init: str, depth: int) -> None:
             nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
 
 
-class TransformerLM(RecordsConfig):
-    """Token ids (batch, seq) → logits (batch, seq, vocab). `causal=False` gives the diffusion backbone.
-
-    `init` names the weight initialisation (`INITS`, see `init_weights`): ``"gpt2"`` (N(0, 0.02), the default, as
-    before) or ``"torch"`` (PyTorch's defaults, which scale with width; small models such as the d = 64 needle MDLM
-    learn only with it). Loading saved weights does not depend on it.
+class LanguageModel(nn.Module):
+    """The shell every transformer LM here shares: embedding, `depth` pre-norm `Block`s, final norm, LM head and
+    rotary tables, with a pluggable feed-forward: `feed_forward()` builds one block's (an `MLP` for
+    `TransformerLM`, an `MoE` for `MoETransformerLM`), stored under `ffn_name`; `init` names the weight
+    initialisation (`init_weights`). Not built by name: the concrete models record their own constructor values
+    (`RecordsConfig`).
     """
 
     def __init__(
         self,
         vocab_size: int,
-        dim: int = 128,
-        depth: int = 4,
-        heads: int = 4,
-        kv_heads: int | None = None,
-        mlp_ratio: float = 4.0,
-        max_seq_len: int = 1024,
-        causal: bool = True,
-        dropout: float = 0.0,
-        tie_embeddings: bool = False,
+        dim: int,
+        depth: int,
+        heads: int,
+        kv_heads: int | None,
+        max_seq_len: int,
+        causal: bool,
+        dropout: float,
+        tie_embeddings: bool,
+        feed_forward: Callable[[], nn.Module],
+        ffn_name: str = "ffn",
         init: str = "gpt2",
     ):
         super().__init__()
         check_init(init)
-        sizes = dict(vocab_size=vocab_size, dim=dim, depth=depth, heads=heads, max_seq_len=max_seq_len)
-        for key, value in sizes.items():
-            if value < 1:
-                raise ValueError(f"{key}={value} must be a positive integer")
+        check_positive(vocab_size=vocab_size, dim=dim, depth=depth, heads=heads, max_seq_len=max_seq_len)
         if kv_heads is not None and not (1 <= kv_heads <= heads and heads % kv_heads == 0):
             raise ValueError(f"kv_heads={kv_heads} must divide heads={heads} (1 <= kv_heads <= heads), or be null")
-        if not mlp_ratio > 0 or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"mlp_ratio={mlp_ratio} must be > 0 and dropout={dropout} in [0, 1)")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout={dropout} must be in [0, 1)")
         self.max_seq_len, self.causal = max_seq_len, causal
         self.embed = nn.Embedding(vocab_size, dim)
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
-            Block(dim, heads, kv_heads or heads, mlp_ratio, causal, dropout) for _ in range(depth)
+            Block(dim, heads, kv_heads or heads, causal, dropout, feed_forward, ffn_name) for _ in range(depth)
         )
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab_size, bias=False)
@@ -292,3 +307,31 @@ class TransformerLM(RecordsConfig):
         if gates is None and cache is None:
             return self.head(self.features(idx, key_padding_mask))
         return self.head(self.features(idx, key_padding_mask, gates=gates, window=window, cache=cache))
+
+
+class TransformerLM(LanguageModel, RecordsConfig):
+    """Token ids (batch, seq) → logits (batch, seq, vocab). `causal=False` gives the diffusion backbone.
+
+    `init` names the weight initialisation (`INITS`, see `init_weights`): ``"gpt2"`` (N(0, 0.02), the default, as
+    before) or ``"torch"`` (PyTorch's defaults, which scale with width; small models such as the d = 64 needle MDLM
+    learn only with it). Loading saved weights does not depend on it.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int = 128,
+        depth: int = 4,
+        heads: int = 4,
+        kv_heads: int | None = None,
+        mlp_ratio: float = 4.0,
+        max_seq_len: int = 1024,
+        causal: bool = True,
+        dropout: float = 0.0,
+        tie_embeddings: bool = False,
+        init: str = "gpt2",
+    ):
+        if not mlp_ratio > 0 or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"mlp_ratio={mlp_ratio} must be > 0 and dropout={dropout} in [0, 1)")
+        super().__init__(vocab_size, dim, depth, heads, kv_heads, max_seq_len, causal, dropout, tie_embeddings,
+                         feed_forward=lambda: MLP(dim, int(mlp_ratio * dim), dropout), init=init)

@@ -22,9 +22,13 @@ from torchmetrics import MeanMetric
 
 from framework.models.transformer import check_window
 from framework.modules.base import TrainModule
+from framework.modules.data_spec import DataSpec
 from framework.probes.allocation import HeadAllocation, select_full_heads
 from framework.probes.kv_cache import decode, decode_uncached
 from framework.probes.rewards import exact_match
+
+#: The `DataSpec` facts every probe needs, passed in or read from the datamodule in `setup`.
+DATA_FACTS = ("prompt_length", "max_new_tokens", "eos_id", "pad_id")
 
 
 def _fingerprint(model: nn.Module) -> Tensor:
@@ -114,13 +118,12 @@ class HeadProbe(TrainModule):
 
     # -- wiring ---------------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        """Take what the data knows (prompt length, answer length, EOS/PAD ids) unless it was passed in."""
-        data = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        for name, attr in (("prompt_length", "prompt_length"), ("max_new_tokens", "max_new_tokens"),
-                           ("eos_id", "eos_id"), ("pad_id", "pad_id")):
+        """Take what the data knows (its `DataSpec`: prompt length, answer length, EOS/PAD ids) unless passed in."""
+        spec = DataSpec.of(getattr(self.trainer, "datamodule", None) if self._trainer is not None else None)
+        for name in DATA_FACTS:
             if getattr(self, name) is None:
-                setattr(self, name, getattr(data, attr, None))
-        missing = [n for n in ("prompt_length", "max_new_tokens", "eos_id", "pad_id") if getattr(self, n) is None]
+                setattr(self, name, getattr(spec, name))
+        missing = [n for n in DATA_FACTS if getattr(self, n) is None]
         if missing:
             raise ValueError(f"{type(self).__name__} needs {', '.join(missing)}: pass them, or use a datamodule that"
                              " has them (e.g. pointer_chase)")
