@@ -12,11 +12,6 @@ from typing import Any
 
 from torch import Tensor
 
-try:  # builds without torch.distributed have no DTensor
-    from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover
-    DTensor = None
-
 Predicate = Callable[[str, Tensor], bool]
 
 # A name is "not hidden" when any dot-separated part contains one of these substrings ...
@@ -125,12 +120,11 @@ def split_group(group: dict[str, Any], predicate: Predicate) -> dict[str, dict[s
     return out
 
 
-def check_not_sharded(name: str, p: Tensor, who: str, hidden: bool) -> None:
-    """Refuse FSDP1 flat params and DTensor (FSDP2/TP) hidden matrices: NS of a shard is not NS of W."""
-    flat = getattr(p, "_is_flat_param", False)
-    if flat or (hidden and DTensor is not None and isinstance(p, DTensor)):
+def check_not_sharded(name: str, p: Tensor, who: str) -> None:
+    """Refuse FSDP1 flat params: a flat shard mixes many parameters, so no matrix can be rebuilt from it."""
+    if getattr(p, "_is_flat_param", False):
         raise NotImplementedError(
-            f"{who} got a sharded {param_label(name, p)} ({type(p).__name__}); orthogonalising a shard is "
-            "not orthogonalising the matrix. Use DDP (every rank computes the same full-matrix update)"
-            + ("." if flat else " or route this parameter to AdamW with the predicate.")
+            f"{who} got a sharded {param_label(name, p)} ({type(p).__name__}), an FSDP1 flat parameter; "
+            "orthogonalising a shard is not orthogonalising the matrix. Use DDP, or FSDP2 (fully_shard), whose "
+            "DTensor parameters OLion gathers per matrix."
         )

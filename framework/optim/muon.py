@@ -23,7 +23,9 @@ class MuonAdamW(torch.optim.Optimizer):
     Routing is OLion's (`is_hidden_matrix` or `predicate`) restricted to 2-D, since torch.optim.Muon rejects
     other shapes: conv kernels go to AdamW. `param_groups` is the union of the two inner optimizers' groups
     (the same dicts, each tagged `use_muon`), so LR schedulers and Lightning checkpoints see one optimizer.
-    `adjust_lr_fn="match_rms_adamw"` scales Muon updates to 0.2·sqrt(max dim), so `lr` is the AdamW lr.
+    `adjust_lr_fn="match_rms_adamw"` scales Muon updates to 0.2·sqrt(max dim), AdamW's steady-state update RMS;
+    that does not make `lr` AdamW's lr (AdamW's early steps are larger): the char_lm sweep in
+    `tools/bench/optimizers.py` finds Muon's best lr well above AdamW's, as for OLion.
     1-D params (norms, biases) are never decayed.
     """
 

@@ -1,7 +1,10 @@
-"""OLion under DDP (spec §1.5, §1.6 T13–T14): 2 gloo ranks on CPU equal one process on the global batch."""
+"""OLion under DDP (spec §1.5, §1.6 T13–T14): 2 gloo ranks on CPU equal one process on the global batch, bit for
+bit, whether the ranks share the Newton–Schulz work (round_robin) or each computes all of it (redundant), through a
+state_dict save / load / resume."""
 
 from __future__ import annotations
 
+import tempfile
 from collections import OrderedDict
 from pathlib import Path
 
@@ -12,23 +15,30 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
+import framework.optim.olion as olion_module
 from framework.optim import OLion
 
 torch.set_num_threads(1)
-WORLD, STEPS = 2, 3
+WORLD, STEPS, RESUMED = 2, 3, 2
+# (distributed, ns_batch): the loop, the redundant mode, and batched units of two same-shape matrices
+CONFIGS = (("round_robin", 1), ("redundant", 1), ("round_robin", 2))
 
 
 def make_model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
         OrderedDict(
-            fc1=nn.Linear(8, 32), act1=nn.Tanh(), fc2=nn.Linear(32, 32), act2=nn.Tanh(), head=nn.Linear(32, 4)
+            embed=nn.Linear(8, 32), act0=nn.Tanh(),  # "embed": routed to the AdamW branch (decayed)
+            fc1=nn.Linear(32, 32), act1=nn.Tanh(), fc2=nn.Linear(32, 32), act2=nn.Tanh(),
+            fc3=nn.Linear(32, 48), act3=nn.Tanh(), fc4=nn.Linear(48, 32), act4=nn.Tanh(),
+            fc5=nn.Linear(32, 32), act5=nn.Tanh(), head=nn.Linear(32, 4),
         )
-    )
+    )  # fmt: skip
 
 
-def make_opt(named_params) -> OLion:
-    return OLion(named_params, lr=1e-2, ns_dtype=torch.float32)  # fp32 NS: the comparison is exact
+def make_opt(named_params, distributed: str, ns_batch: int) -> OLion:
+    # fp32 NS so the comparison is exact
+    return OLion(named_params, lr=1e-2, ns_dtype=torch.float32, distributed=distributed, ns_batch=ns_batch)
 
 
 def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,42 +46,62 @@ def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(16, 8, generator=gen), torch.randn(16, 4, generator=gen)
 
 
+def count_ns_calls() -> list[int]:
+    """Wrap OLion's newton_schulz5 and count the matrices it orthogonalises."""
+    calls = [0]
+    original = olion_module.newton_schulz5
+
+    def counting(x, **kw):
+        calls[0] += 1 if x.ndim == 2 else x.shape[0]
+        return original(x, **kw)
+
+    olion_module.newton_schulz5 = counting  # only inside a rank process
+    return calls
+
+
+def train(model, opt, steps, first, shard=None) -> None:
+    for step in range(first, first + steps):
+        x, y = global_batch(step)
+        if shard is not None:
+            x, y = x.chunk(WORLD)[shard], y.chunk(WORLD)[shard]
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+
+
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
-        model = make_model()
-        ddp = DistributedDataParallel(model)
-        opt = make_opt(ddp.named_parameters())
-        for step in range(STEPS):
-            x, y = (t.chunk(WORLD)[rank] for t in global_batch(step))
-            opt.zero_grad()
-            F.mse_loss(ddp(x), y).backward()
-            opt.step()
-        mesh = init_device_mesh("cpu", (WORLD,))
-        shard = nn.Parameter(distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)]))
-        try:
-            OLion([("layer.weight", shard)])
-            refusal = ""
-        except NotImplementedError as err:
-            refusal = str(err)
-        torch.save(
-            {"params": model.state_dict(), "state": opt.state_dict()["state"], "refusal": refusal},
-            Path(out_dir) / f"rank{rank}.pt",
-        )
+        calls = count_ns_calls()
+        out = {}
+        for distributed, ns_batch in CONFIGS:
+            calls[0] = 0
+            ddp = DistributedDataParallel(make_model())
+            opt = make_opt(ddp.named_parameters(), distributed, ns_batch)
+            train(ddp, opt, STEPS, 0, shard=rank)
+            saved = opt.state_dict()
+            first_calls = calls[0]
+            resumed = DistributedDataParallel(make_model())
+            resumed.module.load_state_dict(ddp.module.state_dict())
+            opt2 = make_opt(resumed.named_parameters(), distributed, ns_batch)
+            opt2.load_state_dict(saved)
+            train(resumed, opt2, RESUMED, STEPS, shard=rank)
+            out[f"{distributed}_{ns_batch}"] = {
+                "params": resumed.module.state_dict(), "state": opt2.state_dict()["state"], "ns_calls": first_calls
+            }
+        torch.save(out, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def single_process_run() -> tuple[dict, dict]:
+def single_process_run(distributed: str, ns_batch: int) -> tuple[dict, dict]:
     """One process, whole global batch: the grads are the mean of the two halves' grads, as DDP averages."""
     model = make_model()
-    opt = make_opt(model.named_parameters())
-    for step in range(STEPS):
+    opt = make_opt(model.named_parameters(), distributed, ns_batch)
+    for step in range(STEPS + RESUMED):
         halves = []
         for x, y in zip(*(t.chunk(WORLD) for t in global_batch(step)), strict=True):
             model.zero_grad()
@@ -84,28 +114,37 @@ def single_process_run() -> tuple[dict, dict]:
 
 
 @pytest.fixture(scope="module")
-def rank_results(tmp_path_factory) -> list[dict]:
-    """Spawn the 2-rank run once (process start-up dominates the cost) and load what each rank saved."""
-    out = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=(str(out / "init"), str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+def rank_results() -> list[dict]:
+    """Start the 2-rank runs once (fork: the ranks inherit the imports) and load what each rank saved."""
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_worker, args=(str(Path(tmp) / "init"), tmp), nprocs=WORLD, join=True,
+                           start_method="fork")
+        return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
 
 
 @pytest.mark.ddp
-def test_two_gloo_ranks_on_half_batches_equal_one_process_on_the_global_batch(rank_results):
-    params, state = single_process_run()
-    for name, ref in params.items():
-        for r in rank_results:
-            assert torch.equal(r["params"][name], ref), name
+@pytest.mark.parametrize(("distributed", "ns_batch"), CONFIGS)
+def test_two_gloo_ranks_on_half_batches_equal_one_process_bitwise_through_a_resume(rank_results, distributed,
+                                                                                    ns_batch):
+    params, state = single_process_run(distributed, ns_batch)
+    runs = [r[f"{distributed}_{ns_batch}"] for r in rank_results]
+    for name, ref in params.items():  # hidden matrices, the AdamW-routed embed/head and the biases
+        for run in runs:
+            assert torch.equal(run["params"][name], ref), name
     # every rank holds the momentum of every parameter, so a rank-0 checkpoint is complete
+    assert len(state) == len(params)
     for idx, ref in state.items():
         for key, value in ref.items():
-            for r in rank_results:
-                assert torch.equal(torch.as_tensor(r["state"][idx][key]), torch.as_tensor(value)), (idx, key)
-    assert len(rank_results[0]["state"]) == len(params)
+            for run in runs:
+                assert torch.equal(torch.as_tensor(run["state"][idx][key]), torch.as_tensor(value)), (idx, key)
 
 
 @pytest.mark.ddp
-def test_sharded_dtensor_matrices_are_refused_with_a_clear_error(rank_results):
-    for r in rank_results:
-        assert "'layer.weight'" in r["refusal"] and "DTensor" in r["refusal"] and "DDP" in r["refusal"]
+def test_round_robin_splits_the_newton_schulz_work_and_redundant_repeats_it(rank_results):
+    hidden_matrices = 5  # fc1..fc5
+    robin = [r["round_robin_1"]["ns_calls"] for r in rank_results]
+    redundant = [r["redundant_1"]["ns_calls"] for r in rank_results]
+    assert redundant == [hidden_matrices * STEPS] * WORLD
+    assert sum(robin) == hidden_matrices * STEPS and all(c > 0 for c in robin), robin
+    # costs m·n·min(m,n): fc3 and fc4 (32·48·32) on one rank, fc1, fc2, fc5 (32·32·32) on the other
+    assert sorted(robin) == [2 * STEPS, 3 * STEPS]

@@ -1,10 +1,13 @@
-"""OLion vs Muon, Lion and AdamW, side by side in one run.
+"""OLion vs torch.optim.Muon, Lion and AdamW, side by side in one run.
 
 (a) optimizer step time on the parameter set of a 6-layer, d=384 transformer (median of N steps), as ratios to
-    AdamW and OLion/Muon; (b) validation bits-per-byte on `char_lm` after the same number of steps, each
-    optimizer at its best lr from a 3-point sweep, with the loss curves as a PNG.
+    AdamW, OLion / Muon; (b) OLion's step time under DDP on 2 gloo processes, round-robin Newton–Schulz owners
+    vs every rank computing everything, as a ratio; (c) validation bits-per-byte on `char_lm` after the same
+    number of steps, each optimizer at its best lr of a 5-point sweep (extended past an edge best), with the loss
+    curves as a PNG; (d) batched vs per-matrix Newton–Schulz; (e) the lr ratio OLion/AdamW at which OLion first
+    matches AdamW's best, on a new user's MLP and on char_lm. Every char_lm run is fresh (no reuse).
 
-    python tools/bench/optimizers.py [--steps 300] [--timing-steps 20] [--skip-quality] [--out DIR]
+    python tools/bench/optimizers.py [--steps 300] [--timing-steps 20] [--skip-quality] [--skip-ddp] [--out DIR]
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,74 +33,181 @@ from framework.models.transformer import TransformerLM  # noqa: E402
 from framework.optim import MuonAdamW, OLion  # noqa: E402
 from framework.optim.peers import lion  # noqa: E402
 
+# 5-point grids centred on the previous sweep's best (AdamW 3e-3, OLion and Muon ≥ 1e-2, Lion 3e-4); a best lr on
+# an edge extends its grid by one more point that way (at most MAX_EXTEND times), so every best printed is interior
 LR_GRID = {
-    "adamw": (1e-3, 3e-3, 1e-2),
-    "olion": (1e-3, 3e-3, 1e-2),
-    "muon": (1e-3, 3e-3, 1e-2),
-    "lion": (1e-4, 3e-4, 1e-3),  # Lion wants a 3-10x smaller lr than AdamW (lion-pytorch README)
+    "adamw": (1e-3, 2e-3, 3e-3, 6e-3, 1e-2),
+    "olion": (3e-3, 1e-2, 2e-2, 4e-2, 8e-2),
+    "muon": (3e-3, 1e-2, 2e-2, 4e-2, 8e-2),
+    "lion": (1e-4, 2e-4, 3e-4, 6e-4, 1e-3),  # Lion wants a 3-10x smaller lr than AdamW (lion-pytorch README)
 }
+MAX_EXTEND = 2
+TIMING_SET = "6-layer d=384 transformer"
 
 
-def step_times(steps: int, threads: int, bf16: bool) -> dict[str, float]:
-    """Median optimizer.step() seconds on a 6-layer d=384 transformer's parameters with fixed random grads.
-
-    torch.optim.Muon always runs Newton-Schulz in bf16, which is ~30x slower than fp32 on CPUs without bf16
-    matrix units, so on CPU the like-for-like Muon is `ortho_momentum` (the same NS code as OLion, in fp32,
-    Muon's update with RMS matching); `--bf16` adds torch.optim.Muon and OLion-in-bf16 (2 steps each).
-    """
-    torch.set_num_threads(threads)
+def timing_model() -> TransformerLM:
+    """The parameter set every step time is measured on, with fixed random grads (same on every rank)."""
     torch.manual_seed(0)
     model = TransformerLM(vocab_size=256, dim=384, depth=6, heads=6)
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-2
+    return model
+
+
+def median_step(opt: torch.optim.Optimizer, warm: int, n: int, sync=None) -> float:
+    for _ in range(warm):
+        opt.step()
+    times = []
+    for _ in range(n):
+        if sync:
+            sync()
+        t0 = time.perf_counter()
+        opt.step()
+        if sync:
+            sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def step_times(steps: int, threads: int) -> dict[str, float]:
+    """Median optimizer.step() seconds on the timing set's parameters, every peer in the same run.
+
+    torch.optim.Muon (`muon`) always runs Newton-Schulz in bf16, which is ~30x slower than fp32 on CPUs without
+    bf16 matrix units, so on CPU it gets 1 warm-up and 2 timed steps, and `ortho_momentum` (the same NS code as
+    OLion, in fp32, Muon's update with RMS matching) is the like-for-like Muon. `olion_batched` stacks same-shape
+    matrices into one batched NS call (ns_batch=8) where `olion` loops (ns_batch=1).
+    """
+    torch.set_num_threads(threads)
+    model = timing_model()
+    bf16_on_cpu = not torch.cuda.is_available()
     factories = {
-        "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.1),
-        "olion": lambda ps: OLion(ps, lr=1e-3),  # NS in fp32 on CPU (bf16 on CUDA)
-        "ortho_momentum": lambda ps: OLion(ps, lr=1e-3, sign=False),
-        "lion": lambda ps: lion(ps, lr=1e-4),
+        "adamw": lambda ps: torch.optim.AdamW([p for _, p in ps], lr=1e-3, weight_decay=0.1),
+        "olion": lambda ps: OLion(ps, lr=1e-3, ns_batch=1),  # NS in fp32 on CPU (bf16 on CUDA)
+        "olion_batched": lambda ps: OLion(ps, lr=1e-3, ns_batch=8),
+        "ortho_momentum": lambda ps: OLion(ps, lr=1e-3, sign=False, ns_batch=1),
+        "lion": lambda ps: lion([p for _, p in ps], lr=1e-4),
+        "muon": lambda ps: MuonAdamW(ps, lr=1e-3),  # torch.optim.Muon itself: NS always in bf16
     }
-    slow = {
-        "olion_bf16": lambda ps: OLion(ps, lr=1e-3, ns_dtype="bfloat16"),
-        "muon_torch_bf16": lambda ps: MuonAdamW(ps, lr=1e-3),  # torch.optim.Muon: NS always in bf16
-    }
-    if bf16:
-        factories.update(slow)
     out = {}
     for name, make in factories.items():
         opt = make(list(model.named_parameters()))
-        warm, n = (1, 2) if name in slow else (3, steps)
-        for _ in range(warm):
-            opt.step()
-        times = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            opt.step()
-            times.append(time.perf_counter() - t0)
-        out[name] = statistics.median(times)
+        warm, n = (1, 2) if name == "muon" and bf16_on_cpu else (2, steps)
+        out[name] = median_step(opt, warm, n)
     return out
 
 
+def _ddp_worker(rank: int, init_file: str, steps: int, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        model = timing_model()
+        times = {}
+        for mode in ("redundant", "round_robin"):
+            opt = OLion(list(model.named_parameters()), lr=1e-3, distributed=mode, ns_batch=1)
+            times[mode] = median_step(opt, 1, steps, sync=dist.barrier)
+        if rank == 0:
+            Path(out).write_text(json.dumps(times))
+    finally:
+        dist.destroy_process_group()
+
+
+def ddp_step_times(steps: int) -> dict[str, float]:
+    """OLion step seconds on 2 gloo ranks x 1 thread: every rank runs every NS (redundant) vs owners (round_robin)."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "times.json")
+        mp.start_processes(_ddp_worker, args=(str(Path(tmp) / "init"), steps, out), nprocs=2, join=True,
+                           start_method="fork")
+        return json.loads(Path(out).read_text())
+
+
+def mlp_losses(opt_name: str, lr: float, steps: int = 24) -> float:
+    """The issue's new-user check: a 16-64-64-4 MLP, batch 64, `steps` steps, same seed; held-out CE at the end."""
+    torch.manual_seed(0)
+    teacher = torch.randn(16, 4)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                              torch.nn.Linear(64, 4))
+    if opt_name == "adamw":
+        opt = torch.optim.AdamW(net.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    else:
+        opt = OLion(net.named_parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x = torch.randn(64, 16, generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), (x @ teacher).argmax(1)).backward()
+        opt.step()
+    x = torch.randn(1024, 16, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(net(x), (x @ teacher).argmax(1)).item()
+
+
+MLP_GRID = tuple(round(1e-4 * 2 ** (k / 2), 7) for k in range(24))  # 1e-4 .. 4e-1, factor sqrt(2)
+
+
+def first_match(rows: list[dict], key: str, optimizer: str, target: float) -> dict | None:
+    """The smallest lr at which `optimizer` reaches `target` (lower is better), or None."""
+    hits = [r for r in rows if r["optimizer"] == optimizer and r[key] <= target]
+    return min(hits, key=lambda r: r["lr"]) if hits else None
+
+
 def run_char_lm(optimizer: str, lr: float, steps: int, out: Path) -> dict:
+    """One fresh char_lm run (an old run dir is deleted first, so a table never mixes in stale results)."""
     run_dir = out / f"{optimizer}_lr{lr:g}"
-    if not (run_dir / "results.json").exists():
-        cmd = [
-            sys.executable, "-m", "framework.train", "recipe=olion_char_lm", f"optimizer={optimizer}",
-            f"optimizer.lr={lr}", f"trainer.max_steps={steps}", "trainer.val_check_interval=50",
-            "threads=1", "validate_before_fit=false", f"hydra.run.dir={run_dir}",
-        ]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-        if proc.returncode:
-            return {"optimizer": optimizer, "lr": lr, "val_bpb": float("nan"), "error": proc.stderr[-500:]}
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [
+        sys.executable, "-m", "framework.train", "recipe=olion_char_lm", f"optimizer={optimizer}",
+        f"optimizer.lr={lr}", f"trainer.max_steps={steps}", "trainer.val_check_interval=50",
+        "threads=1", "validate_before_fit=false", f"hydra.run.dir={run_dir}",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    if proc.returncode:
+        return {"optimizer": optimizer, "lr": lr, "val_bpb": float("nan"), "error": proc.stderr[-500:]}
     res = json.loads((run_dir / "results.json").read_text())
     return {"optimizer": optimizer, "lr": lr, "val_bpb": res["metrics"]["val/bpb"], "seconds": res["seconds"],
             "csv": str(run_dir / "csv" / "metrics.csv")}
 
 
-def quality(steps: int, out: Path, jobs: int) -> list[dict]:
-    grid = [(o, lr) for o, lrs in LR_GRID.items() for lr in lrs]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:  # one torch thread per job
-        return list(pool.map(lambda a: run_char_lm(a[0], a[1], steps, out), grid))
+def best_of(rows: list[dict], key: str) -> dict[str, dict]:
+    best: dict[str, dict] = {}
+    for row in rows:
+        name = row["optimizer"]
+        if row[key] == row[key] and (name not in best or row[key] < best[name][key]):
+            best[name] = row
+    return best
+
+
+def extend(rows: list[dict], key: str, grids: dict[str, list[float]]) -> list[tuple[str, float]]:
+    """One more lr past the edge for each optimizer whose best sits on its grid's edge (same ratio as the edge)."""
+    more = []
+    for name, row in best_of(rows, key).items():
+        lrs = sorted(grids[name])
+        if row["lr"] == lrs[-1]:
+            more.append((name, lrs[-1] * lrs[-1] / lrs[-2]))
+        elif row["lr"] == lrs[0]:
+            more.append((name, lrs[0] * lrs[0] / lrs[1]))
+    for name, lr in more:
+        grids[name].append(lr)
+    return more
+
+
+def quality(steps: int, out: Path, jobs: int) -> tuple[list[dict], dict[str, list[float]]]:
+    grids = {name: list(lrs) for name, lrs in LR_GRID.items()}
+    todo = [(o, lr) for o, lrs in grids.items() for lr in lrs]
+    rows: list[dict] = []
+    for _ in range(MAX_EXTEND + 1):
+        with ThreadPoolExecutor(max_workers=jobs) as pool:  # one torch thread per job
+            rows += list(pool.map(lambda a: run_char_lm(a[0], a[1], steps, out), todo))
+        todo = extend(rows, "val_bpb", grids)
+        if not todo:
+            break
+    return rows, grids
 
 
 def plot_curves(best: dict[str, dict], png: Path) -> None:
@@ -121,55 +232,93 @@ def plot_curves(best: dict[str, dict], png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
+def print_grid(rows: list[dict], key: str, fmt: str, names) -> dict[str, dict]:
+    """One line per optimizer: every lr and its result, the best, and whether the best is inside the grid."""
+    best = best_of(rows, key)
+    for name in names:
+        cells = sorted((r for r in rows if r["optimizer"] == name), key=lambda r: r["lr"])
+        line = " ".join(f"{r['lr']:.2g}:{r[key]:{fmt}}" for r in cells)
+        if name in best:
+            lrs = [r["lr"] for r in cells]
+            where = "interior" if lrs[0] < best[name]["lr"] < lrs[-1] else "EDGE"
+            line += f"   best {best[name][key]:{fmt}} @ {best[name]['lr']:g} ({where})"
+        print(f"{name:8s} {line}")
+    return best
+
+
+def print_lr_ratio(workload: str, rows: list[dict], key: str, best: dict[str, dict]) -> float | None:
+    if "adamw" not in best:
+        return None
+    hit = first_match(rows, key, "olion", best["adamw"][key])
+    if hit is None:
+        print(f"{workload}: OLion never matches AdamW's best ({best['adamw'][key]:.3f} @ {best['adamw']['lr']:g}) "
+              "on its grid")
+        return None
+    ratio = hit["lr"] / best["adamw"]["lr"]
+    lowest = hit["lr"] == min(r["lr"] for r in rows if r["optimizer"] == "olion")
+    print(f"{workload}: OLion first matches AdamW's best ({best['adamw'][key]:.3f} @ {best['adamw']['lr']:g}) "
+          f"at lr {hit['lr']:g}: lr ratio OLion/AdamW {'≤' if lowest else '='} {ratio:.3g}"
+          + (" (OLion's lowest grid lr: the ratio may be smaller)" if lowest else ""))
+    return ratio
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=300, help="training steps per char_lm run")
     ap.add_argument("--timing-steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1, help="torch threads for the step-time table")
     ap.add_argument("--jobs", type=int, default=2, help="char_lm runs in parallel (one thread each)")
-    ap.add_argument("--skip-quality", action="store_true")
-    ap.add_argument("--bf16", action="store_true", help="also time torch.optim.Muon and OLion with bf16 NS")
+    ap.add_argument("--skip-quality", action="store_true", help="skip (c), the char_lm lr sweep")
+    ap.add_argument("--skip-ddp", action="store_true", help="skip (b), the 2-process DDP timing")
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "optimizers")
-    ap.add_argument("--quick", action="store_true", help="5 timing steps, 60 training steps per run (a smoke size)")
+    ap.add_argument("--quick", action="store_true", help="3 timing steps, 60 training steps per run (a smoke size)")
     args = ap.parse_args()
     if args.quick:
-        args.steps, args.timing_steps = 60, 5
+        args.steps, args.timing_steps = 60, 3
     args.out.mkdir(parents=True, exist_ok=True)
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
 
-    times = step_times(args.timing_steps, args.threads, args.bf16)
-    print(f"\n(a) optimizer step time, 6-layer d=384 transformer parameters, median of {args.timing_steps} "
-          f"steps, {args.threads} thread(s), {torch.__version__} CPU")
+    times = step_times(args.timing_steps, args.threads)
+    print(f"\n(a) optimizer step time, {TIMING_SET} parameters, median of {args.timing_steps} steps "
+          f"(muon on CPU: 2), {args.threads} thread(s), torch {torch.__version__}, {device}")
     print(f"{'optimizer':16s} {'ms/step':>9s} {'× AdamW':>8s}")
+    labels = {"muon": "muon (torch.optim.Muon, bf16 NS)", "lion": "lion (lion-pytorch)"}
     for name, t in times.items():
-        print(f"{name:16s} {1e3 * t:9.1f} {t / times['adamw']:8.2f}")
-    print(f"OLion / Muon (ortho_momentum: same NS code and dtype): {times['olion'] / times['ortho_momentum']:.3f}"
-          "  (goal ≤ 1.05)")
-    if "muon_torch_bf16" in times:
-        print(f"OLion(bf16 NS) / torch.optim.Muon (bf16 NS):          "
-              f"{times['olion_bf16'] / times['muon_torch_bf16']:.3f}")
-    report = {"step_seconds": times, "threads": args.threads}
+        print(f"{labels.get(name, name):34s} {1e3 * t:9.1f} {t / times['adamw']:8.2f}")
+    print(f"OLion / ortho_momentum (Muon's update, same NS code and dtype): "
+          f"{times['olion'] / times['ortho_momentum']:.3f}  (goal ≤ 1.05)")
+    print(f"OLion / torch.optim.Muon: {times['olion'] / times['muon']:.3f}")
+    print(f"(d) batched / loop Newton–Schulz (olion_batched / olion, {device}): "
+          f"{times['olion_batched'] / times['olion']:.3f}")
+    report: dict = {"step_seconds": times, "threads": args.threads}
+
+    if not args.skip_ddp:
+        ddp = ddp_step_times(args.timing_steps)
+        print(f"\n(b) OLion step time under DDP, 2 gloo processes x 1 thread, {TIMING_SET} parameters, median of "
+              f"{args.timing_steps}")
+        for mode, t in ddp.items():
+            print(f"{mode:12s} {1e3 * t:9.1f} ms/step")
+        print(f"round_robin / redundant: {ddp['round_robin'] / ddp['redundant']:.3f}  (goal ≤ 0.6)")
+        report["ddp_step_seconds"] = ddp
+
+    mlp = [{"optimizer": o, "lr": lr, "loss": mlp_losses(o, lr)} for o in ("adamw", "olion") for lr in MLP_GRID]
+    print("\n(e) new-user MLP (16-64-64-4, batch 64, 24 steps, seed 0): held-out cross-entropy by lr")
+    mlp_best = print_grid(mlp, "loss", ".3f", ("adamw", "olion"))
+    report["mlp"] = {"runs": mlp, "lr_ratio": print_lr_ratio("mlp", mlp, "loss", mlp_best)}
 
     if not args.skip_quality:
-        rows = quality(args.steps, args.out, args.jobs)
-        best = {}
-        for row in rows:
-            if row["val_bpb"] == row["val_bpb"] and (
-                row["optimizer"] not in best or row["val_bpb"] < best[row["optimizer"]]["val_bpb"]
-            ):
-                best[row["optimizer"]] = row
-        print(f"\n(b) char_lm validation bits/byte after {args.steps} steps (lower is better)")
-        print(f"{'optimizer':10s} " + " ".join(f"{'lr':>8s} {'bpb':>6s}" for _ in range(3)) + "   best")
-        for name in LR_GRID:
-            cells = [r for r in rows if r["optimizer"] == name]
-            line = " ".join(f"{r['lr']:8.0e} {r['val_bpb']:6.3f}" for r in cells)
-            print(f"{name:10s} {line}   {best[name]['val_bpb']:.3f} @ {best[name]['lr']:g}" if name in best else line)
+        rows, grids = quality(args.steps, args.out, args.jobs)
+        print(f"\n(c) char_lm validation bits/byte after {args.steps} steps, lr:bpb (lower is better); a best on "
+              f"an edge extends that grid (at most {MAX_EXTEND} points)")
+        best = print_grid(rows, "val_bpb", ".3f", LR_GRID)
         if "olion" in best and "adamw" in best:
             print(f"OLion − AdamW at best lr: {best['olion']['val_bpb'] - best['adamw']['val_bpb']:+.3f} bpb "
                   "(goal ≤ 0)")
+        ratio = print_lr_ratio("char_lm", rows, "val_bpb", best)
         png = args.out / "optimizers_char_lm.png"
         plot_curves(best, png)
         print(f"curves: {png}")
-        report.update({"steps": args.steps, "runs": rows, "best": best})
+        report.update({"steps": args.steps, "runs": rows, "grids": grids, "best": best, "lr_ratio": ratio})
     (args.out / "optimizers.json").write_text(json.dumps(report, indent=2))
 
 

@@ -5,7 +5,7 @@ and the paths of the PNGs it wrote. This runner streams that output to the termi
 docs/bench/, and writes BENCHMARKS.md: the machine, the date, every command, its output verbatim, its plots.
 Every number in BENCHMARKS.md is therefore produced by this one command.
 
-    python tools/bench/run_all.py [--quick] [--only NAME ...] [--out BENCHMARKS.md]
+    python tools/bench/run_all.py [--quick] [--only NAME ... [--merge]] [--out BENCHMARKS.md]
 """
 
 from __future__ import annotations
@@ -80,7 +80,12 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="pass --quick to every benchmark (smaller, faster)")
     ap.add_argument("--only", nargs="*", default=None, help="benchmark names (file stems) to run")
     ap.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --only: replace just those sections of an existing --out, keep the others")
     args = ap.parse_args()
+    if args.merge and not (args.only and args.out.is_file()):
+        print("error: --merge needs --only NAME ... and an existing --out file", file=sys.stderr)
+        return 2
 
     scripts = [s for s in sorted(HERE.glob("*.py")) if s.name != Path(__file__).name and not s.name.startswith("_")]
     if args.only:
@@ -121,9 +126,25 @@ def main() -> int:
         f"- commit: {commit}",
         "",
     ]
-    args.out.write_text("\n".join(header) + "\n" + "\n".join(sections))
+    if args.merge:
+        text = _merge(args.out.read_text(), [s.stem for s in scripts], sections, started, commit, args.quick)
+    else:
+        text = "\n".join(header) + "\n" + "\n".join(sections)
+    args.out.write_text(text)
     print(f"\nwrote {args.out}" + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
     return 1 if failed else 0
+
+
+def _merge(old: str, names: list[str], sections: list[str], started: dt.datetime, commit: str, quick: bool) -> str:
+    """`old` with the `## name` sections of `names` replaced (or appended), and one header line saying so."""
+    for name, body in zip(names, sections, strict=True):
+        pattern = re.compile(rf"^## {re.escape(name)}\n.*?(?=^## |\Z)", re.M | re.S)
+        found = pattern.search(old)
+        old = old[: found.start()] + body + "\n" + old[found.end() :] if found else old + "\n" + body
+    note = (f"- regenerated alone (`--only {' '.join(names)}{' --quick' if quick else ''} --merge`): "
+            f"{started:%Y-%m-%d %H:%M} UTC, commit {commit}\n")
+    head, sep, rest = old.partition("\n## ")
+    return head.rstrip("\n") + "\n" + note + "\n" + sep.lstrip("\n") + rest
 
 
 def _git_head(*outputs: Path) -> str:
