@@ -2,7 +2,8 @@
 
 The hybrid optimizers (`olion`, `muon`, `ortho_momentum`) route hidden matrices to their own update and
 everything else (embeddings, heads, norms, biases) to an internal AdamW, in one optimizer object. Their lr is
-AdamW's lr (RMS-matched updates), so swapping `optimizer=adamw` for `optimizer=olion` keeps the recipe's lr.
+not AdamW's: swapping `optimizer=adamw` for `optimizer=olion` needs a larger `optimizer.lr` (BENCHMARKS.md's
+optimizers section measures by how much; README's OLion section says where to start).
 """
 
 import torch
