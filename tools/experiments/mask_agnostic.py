@@ -9,8 +9,9 @@ steps, batch and constant lr; every arm keeps the MDLM loss; k1 = 2 and k2 ≤ 1
   mask_agnostic      ½[CE(k1) + CE(k2)] + λ·TV, stop-gradient anchor (the paper's form)
   mask_agnostic_sym  the same with the TV gradient through both views
 Each model is evaluated on held-out prompts followed by m appended masks. A cell whose input is longer than every
-training row (prompt + answer + EOS tail) is marked `*`: there accuracy can fall for a second reason, length
-extrapolation, besides the appended masks themselves.
+row of the training data (prompt + answer + EOS tail) is marked `*`: there accuracy can fall for a second reason,
+length extrapolation, besides the appended masks themselves. (The fine-tuning arms with a loss also see their
+many-mask view, up to 16 appended masks, which reaches a little further for the shortest tails.)
 
 Writes to --out: table.md (every cell, every seed), summary.json (the raw sweeps), map.png; run dirs go to --work.
 
@@ -123,7 +124,7 @@ def markdown(sweeps: dict, size: dict) -> str:
     ms, models = size["ms"], ["pretrained", *size["arms"]]
     lines = []
     for key, label in (("acc", "accuracy"), ("tv", "TV to m=2")):
-        lines += [f"**{label}** (`*`: longer than every training row)", "",
+        lines += [f"**{label}** (`*`: longer than every row of the training data)", "",
                   "| max_eos | seed | model | " + " | ".join(f"m={m}" for m in ms) + " |",
                   "|---|---|---|" + "---|" * len(ms)]
         for tail in size["tails"]:
@@ -183,8 +184,8 @@ def side_by_side(sweeps: dict, size: dict) -> str:
         lines.append(f"| {m}{mark} | " + " | ".join(f"{at(sweeps[(tail, seed, n)], 'acc', m):.3f}" for n in models)
                      + " | " + " | ".join(f"{at(sweeps[(tail, seed, n)], 'tv', m):.3f}" for n in models[1:]) + " |")
     longest = p["train_max_len"]
-    lines.append(f"\n`*`: the input (prompt + m masks) is longer than every training row ({longest} tokens): "
-                 "beyond the training lengths.")
+    lines.append(f"\n`*`: the input (prompt + m masks) is longer than every row of the training data ({longest} "
+                 "tokens). The arms' many-mask views also saw up to 16 appended masks in fine-tuning.")
     return "\n".join(lines)
 
 
@@ -248,6 +249,8 @@ def main(argv: list[str] | None = None) -> None:
         plan.threads = max(1, (os.cpu_count() or 1) // min(jobs, len(runs)))
         sweeps.update(zip(runs, pool.map(lambda r: plan.finetune(*r), runs)))
     minutes = (time.time() - start) / 60
+    if minutes < 0.5 and (out / "summary.json").exists():  # every run was reused: keep the time they took
+        minutes = json.loads((out / "summary.json").read_text()).get("minutes", minutes)
 
     command = "python tools/experiments/mask_agnostic.py " + " ".join(argv if argv is not None else sys.argv[1:])
     table = markdown(sweeps, size)
