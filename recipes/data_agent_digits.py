@@ -2,7 +2,9 @@ from framework.recipe import recipe
 
 # Spec 2.4: an MLP (64→256→256→10) whose 256-d penultimate feature is the agent's state; SGD-Nesterov with a
 # cosine schedule whose length comes from the selection plan; ρ = 0.5 for ⌊0.875·E⌋ epochs, then full data.
-# `sampler=full|random|infobatch|eps_greedy|ucb` swaps the policy; results.json reports `selection/cost`.
+# `sampler=full|random|infobatch|eps_greedy|ucb` swaps the policy, `sampler=data_agent_staleness` runs the agent
+# with the staleness bonus that stops its selection freezing (docs/data_agent.md); results.json reports
+# `selection/cost`.
 recipe(
     "data_agent_digits",
     description="Data Agent (PPO data selection, ρ=0.5) training an MLP on sklearn digits; cost vs full data.",

@@ -23,6 +23,11 @@ DATA.register(DigitsData, name="digits", batch_size=64, label_noise=0.0, pixel_n
 DATA.register(SyntheticClasses, name="synth_classes", n_samples=10_000, label_noise=0.2, batch_size=128, seed=None,
               description="make_classification: 10 classes x 2 clusters in 64-d, 20% training label noise.")
 
+from framework.data.digits_upsampled import UpsampledDigits  # noqa: E402
+
+DATA.register(UpsampledDigits, name="digits_upsampled", size=16, batch_size=64, label_noise=0.2, seed=None,
+              description="sklearn digits upsampled to 16x16 for a small CNN; 20% training label noise.")
+
 from framework.data.pointer_chase import PointerChaseData  # noqa: E402
 
 DATA.register(

@@ -21,6 +21,9 @@ SAMPLERS.register(InfoBatchPolicy, name="infobatch", prune_ratio=0.5, delta=0.87
                   description="InfoBatch: soft-prune below-mean-loss samples w.p. r, rescale kept by 1/(1-r).")
 SAMPLERS.register(DataAgentPolicy, name="data_agent", ratio=0.5, delta=0.875, variant="faithful",
                   description="Data Agent: PPO Beta-policy scores on penultimate features, top-⌊ρN⌋ (released code).")
+SAMPLERS.register(DataAgentPolicy, name="data_agent_staleness", ratio=0.5, delta=0.875, variant="faithful",
+                  staleness=0.5,
+                  description="Data Agent + a staleness bonus (λ per unseen epoch) so stale samples are re-scored.")
 SAMPLERS.register(EpsGreedyPolicy, name="eps_greedy", ratio=0.5, delta=0.875, eps=0.1,
                   description="Top (1-ε)·k by last loss plus ε·k uniform from the rest.")
 SAMPLERS.register(UCBPolicy, name="ucb", ratio=0.5, delta=0.875, c=1.0,

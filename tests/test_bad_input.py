@@ -115,11 +115,13 @@ BAD: dict[tuple[str, str], tuple | None] = {
     ("sampler", "data_agent"): (list, {"variant": "improved"}, r"variant='improved'; valid: 'faithful', 'ranked'"),
     ("sampler", "eps_greedy"): (list, {"eps": 2.0}, r"eps=2\.0 must lie in \[0, 1\]"),
     ("sampler", "ucb"): (list, {"c": -1.0}, r"c=-1\.0 must be >= 0"),
+    ("sampler", "data_agent_staleness"): (list, {"staleness": -1.0}, r"staleness=-1\.0 must be a finite number"),
     ("model", "mlp"): (list, {"input_shape": [64], "num_classes": 10, "depth": 0}, r"depth=0 and hidden=256 must"),
     ("model", "convnet"): (list, {"input_shape": [64], "num_classes": 10}, r"ConvNet needs image inputs .*\[64\]"),
     ("module", "classifier"): (lambda: [torch.nn.Linear(2, 2)], {"num_classes": 1}, r"num_classes=1 must be >= 2"),
     ("data", "digits"): (list, {"label_noise": 1.5}, r"label_noise=1\.5 must lie in \[0, 1\)"),
     ("data", "synth_classes"): (list, {"n_informative": 2}, r"n_informative=2 must be <= n_features=64 and give"),
+    ("data", "digits_upsampled"): (list, {"size": 4}, r"size=4 must be an integer >= 8"),
     ("callback", "data_selection"): (list, {"num_epochs": 0}, r"num_epochs=0 must be >= 1"),
     # GICDM (issue 5)
     ("metric", "gicdm"): (list, {"correction": "icmd"}, r"correction='icmd' is not one of 'none', 'icdm', "

@@ -65,6 +65,7 @@ class DataSelection(L.Callback):
         self.samples_seen = 0
         self.history: list[dict[str, float]] = []  # one row per finished epoch
         self.overhead_s = 0.0
+        self._logged: dict[str, tuple[float, int]] = {}  # per-step scalars summed until the epoch's end
 
     # -- installation ---------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -175,9 +176,10 @@ class DataSelection(L.Callback):
             step = self._gather(self._step(outputs, batch), pl_module, trainer.world_size)
             count = step["index"].numel()
             info = self.policy.observe(step, self.table, epoch)
-            for key in ("action_mean", "w"):
-                if key in info:
-                    pl_module.log(f"selection/{key}", info[key], on_step=False, on_epoch=True, sync_dist=True)
+            for key in ("action_mean", "w"):  # summed here, logged once per epoch: a log() call per step costs
+                if key in info:  # more than the table update (every rank holds the same gathered values)
+                    total, n = self._logged.get(key, (0.0, 0))
+                    self._logged[key] = (total + info[key], n + 1)
         self.open_epoch = epoch
         self.batches_done += 1
         self.epoch_samples += count
@@ -222,6 +224,9 @@ class DataSelection(L.Callback):
         row = self._finish_epoch(trainer, pl_module, self.open_epoch)
         for key in ("cost", "epoch_fraction"):
             pl_module.log(f"selection/{key}", row[key], on_step=False, on_epoch=True, sync_dist=True)
+        for key, (total, n) in self._logged.items():
+            pl_module.log(f"selection/{key}", total / n, on_step=False, on_epoch=True, sync_dist=True)
+        self._logged = {}
 
     def _finish_epoch(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> dict[str, float]:
         start = time.perf_counter()

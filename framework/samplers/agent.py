@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributions import Beta
 
-from framework.samplers.policies import Step, TopKPolicy
+from framework.samplers.policies import Step, TopKPolicy, gumbel_top_k, top_k
 from framework.samplers.table import ScoreTable
 
 
@@ -46,7 +46,7 @@ class BetaActor(nn.Module):
         return F.softplus(self.alpha(h)).squeeze(-1) + 1.0, F.softplus(self.beta(h)).squeeze(-1) + 1.0
 
     def dist(self, s: Tensor) -> Beta:
-        return Beta(*self(s))
+        return Beta(*self(s), validate_args=False)  # α, β > 1 by construction: the checks cost time only
 
 
 class Critic(nn.Module):
@@ -138,6 +138,7 @@ class PPOAgent:
     def __init__(
         self, state_dim: int, seed: int = 0, lr_actor: float = 3e-4, lr_critic: float = 3e-4,
         eps_clip: float = 0.2, k_epochs: int = 4, gamma: float = 0.99, gae_lambda: float = 0.95,
+        centre: bool = False,
     ):
         g = torch.Generator().manual_seed(seed)
         self.state_dim = state_dim
@@ -146,6 +147,7 @@ class PPOAgent:
         self.opt_actor = torch.optim.Adam(self.actor.parameters(), lr=lr_actor, eps=1e-5, weight_decay=5e-4)
         self.opt_critic = torch.optim.Adam(self.critic.parameters(), lr=lr_critic, eps=1e-5, weight_decay=5e-4)
         self.eps_clip, self.k_epochs, self.gamma, self.gae_lambda = eps_clip, k_epochs, gamma, gae_lambda
+        self.centre = centre
         self.rng_state = torch.Generator().manual_seed(seed + 7_919).get_state()
         self.buffer: dict[str, list[Tensor]] = {k: [] for k in self.BUFFER}
 
@@ -169,7 +171,7 @@ class PPOAgent:
         dist = self.actor.dist(states)
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(self.rng_state)
-            a = Beta(dist.concentration1.cpu(), dist.concentration0.cpu()).sample()
+            a = Beta(dist.concentration1.cpu(), dist.concentration0.cpu(), validate_args=False).sample()
             self.rng_state = torch.get_rng_state()
         a = a.clamp(1e-6, 1 - 1e-6).to(states.device)  # a sample of exactly 0 or 1 has log-prob ±inf
         return a, dist.log_prob(a), self.critic(states)
@@ -209,6 +211,8 @@ class PPOAgent:
         states, actions = torch.cat(self.buffer["states"]), torch.cat(self.buffer["actions"])
         old_logp, values = torch.cat(self.buffer["log_probs"]), torch.cat(self.buffer["values"])
         returns = adv + values
+        if self.centre:  # baseline-subtracted: an action is pushed up only if it did better than the average
+            adv = adv - adv.mean()
         adv = adv / (adv.std() + 1e-8)  # the released code scales without centring
         actor_loss = critic_loss = 0.0
         for _ in range(self.k_epochs):
@@ -262,6 +266,11 @@ class DataAgentPolicy(TopKPolicy):
     score instead of the raw action: the learned actions drift upwards over training, so under hard top-k on
     stale scores the samples trained last always outrank the unselected ones and selection freezes onto one
     half of the data (measured in docs/data_agent.md); ranks keep fresh and stale scores comparable.
+
+    Beyond the released code (all off by default, so the defaults stay the faithful port): `centred` subtracts
+    the mean from PPO's advantages; `temperature` τ > 0 samples the subset with Gumbel-top-k, probability
+    ∝ exp(z/τ) for the standardised scores z, instead of the deterministic top-k; `staleness` λ adds λ per epoch
+    a sample went unseen to its standardised score, so stale samples come back to be re-scored.
     """
 
     needs = ("index", "logits", "targets", "features")
@@ -270,23 +279,39 @@ class DataAgentPolicy(TopKPolicy):
         self, ratio: float = 0.5, delta: float = 0.875, rescale: bool = True, update_every: int = 10,
         label_smoothing: float = 0.1, reward_norm: bool = True, learn: bool = True, variant: str = "faithful",
         lr_actor: float = 3e-4, lr_critic: float = 3e-4, k_epochs: int = 4, eps_clip: float = 0.2,
-        gamma: float = 0.99, gae_lambda: float = 0.95, seed: int | None = None,
+        gamma: float = 0.99, gae_lambda: float = 0.95, seed: int | None = None, centred: bool = False,
+        temperature: float = 0.0, staleness: float = 0.0,
     ):
         super().__init__(ratio, delta, rescale)
         if variant not in ("faithful", "ranked"):
             raise ValueError(f"variant={variant!r}; valid: 'faithful', 'ranked'")
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise ValueError(f"temperature={temperature} must be a finite number >= 0 (0: deterministic top-k)")
+        if not (math.isfinite(staleness) and staleness >= 0):
+            raise ValueError(f"staleness={staleness} must be a finite number >= 0 (0: no staleness bonus)")
+        self.temperature, self.staleness = float(temperature), float(staleness)
         if update_every < 1:
             raise ValueError(f"update_every={update_every} must be >= 1 batch")
         self.update_every, self.label_smoothing, self.reward_norm = update_every, label_smoothing, reward_norm
         self.learn, self.variant, self.seed = learn, variant, seed
         self.ppo = dict(lr_actor=lr_actor, lr_critic=lr_critic, k_epochs=k_epochs, eps_clip=eps_clip,
-                        gamma=gamma, gae_lambda=gae_lambda)
+                        gamma=gamma, gae_lambda=gae_lambda, centre=centred)
         self.agent: PPOAgent | None = None
         self.normalizer = RewardNormalizer()
 
     def build(self, state_dim: int) -> PPOAgent:
         self.agent = PPOAgent(state_dim, seed=self.seed or 0, **self.ppo)
         return self.agent
+
+    def select(self, table: ScoreTable, epoch: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        if not (self.temperature or self.staleness):
+            return super().select(table, epoch, generator)  # the released code's top-k
+        k, scores = self.planned_count(table.n), table.scores
+        if self.staleness:
+            z = (scores - scores.mean()) / scores.std().clamp_min(1e-12)
+            scores = z + self.staleness * (epoch - 1 - table.last_seen).clamp_min(0)
+        pick = gumbel_top_k(scores, k, self.temperature, generator) if self.temperature else top_k(scores, k, generator)
+        return pick, self._rescaled(k, self.rescale)
 
     def observe(self, step: Step, table: ScoreTable, epoch: int) -> dict[str, float]:
         states = step["features"].detach().float().flatten(1)

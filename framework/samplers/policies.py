@@ -38,6 +38,17 @@ def top_k(values: Tensor, k: int, generator: torch.Generator) -> Tensor:
     return perm[order[:k]]
 
 
+def gumbel_top_k(values: Tensor, k: int, temperature: float, generator: torch.Generator) -> Tensor:
+    """k indices sampled without replacement with probability ∝ exp(z/τ), z the standardised `values`
+    (Gumbel-top-k: the k largest z/τ + Gumbel noise); τ = 0 is the deterministic `top_k`."""
+    if temperature == 0:
+        return top_k(values, k, generator)
+    z = values.double()
+    z = (z - z.mean()) / z.std().clamp_min(1e-12) if z.numel() > 1 else z - z
+    u = torch.rand(z.shape, generator=generator, dtype=torch.float64).clamp(1e-12, 1 - 1e-12)
+    return top_k(z / temperature - torch.log(-torch.log(u)), k, generator)
+
+
 class SelectionPolicy:
     """Base policy: keeps ⌊ρN⌋ samples per pruning epoch; `delta` is the fraction of epochs that prune.
 

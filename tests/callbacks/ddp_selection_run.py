@@ -1,5 +1,6 @@
 """Run by test_data_agent_ddp.py: a 2-process (gloo) Lightning fit with DataSelection; each rank saves what it
-saw. `python ddp_selection_run.py OUT_DIR POLICY` (Lightning's DDP launcher re-runs this file for rank 1)."""
+saw. `python ddp_selection_run.py OUT_DIR SAMPLER` (a registered sampler name; Lightning's DDP launcher re-runs
+this file for rank 1)."""
 
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from framework.data.digits import ArrayDataset
 from framework.data.resumable import SplitData
 from framework.models.convnet import MLP
 from framework.modules.classifier import Classifier
-from framework.samplers import DataAgentPolicy, InfoBatchPolicy
+from framework.registry import SAMPLERS, load_catalog
 
 torch.set_num_threads(1)
 
@@ -40,8 +41,9 @@ class Record(L.Callback):
 
 
 def main(out: Path, policy_name: str) -> None:
-    policy = DataAgentPolicy(ratio=0.5, delta=0.67, update_every=2) if policy_name == "data_agent" else \
-        InfoBatchPolicy(prune_ratio=0.5, delta=0.67)
+    load_catalog()
+    agent = {"update_every": 2} if policy_name.startswith("data_agent") else {}
+    policy = SAMPLERS.build(policy_name, delta=0.67, **agent)  # the registered defaults (ρ = 0.5), shorter runs
     selection = DataSelection(policy, seed=0)
     record = Record(selection)
     trainer = L.Trainer(max_epochs=3, accelerator="cpu", devices=2, strategy="ddp", logger=False,

@@ -14,9 +14,12 @@ from framework.data.resumable import SplitData
 from framework.models.convnet import MLP
 from framework.modules.classifier import Classifier
 from framework.optim.schedulers import warmup_cosine
+from framework.registry import SAMPLERS, load_catalog
 from framework.samplers import DataAgentPolicy, InfoBatchPolicy, RandomPolicy, TopKPolicy
 
 torch.set_num_threads(1)
+load_catalog()
+AGENTS = ["data_agent", "data_agent_staleness"]  # the faithful port and the variant: the same guarantees
 
 
 class TinyData(SplitData):
@@ -117,9 +120,11 @@ def _checkpointing(tmp_path):
                            every_n_train_steps=1, save_top_k=-1)
 
 
+@pytest.mark.parametrize("sampler", AGENTS)
 @pytest.mark.parametrize("resume_step", [7, 5], ids=["mid_epoch", "last_batch_of_epoch"])
-def test_resume_replays_the_remaining_batches_and_ends_with_identical_model_and_agent(tmp_path, resume_step):
-    policy = functools.partial(DataAgentPolicy, ratio=0.5, delta=0.75, update_every=3)
+def test_resume_replays_the_remaining_batches_and_ends_with_identical_model_and_agent(tmp_path, resume_step,
+                                                                                       sampler):
+    policy = functools.partial(SAMPLERS.build, sampler, ratio=0.5, delta=0.75, update_every=3)
     full_dir, part_dir = tmp_path / "full", tmp_path / "part"
     trainer, lm, sel, rec = fit(policy(), full_dir, callbacks=[_checkpointing(full_dir)])
     ckpt = full_dir / f"step{resume_step}.ckpt"

@@ -5,7 +5,10 @@ and the paths of the PNGs it wrote. This runner streams that output to the termi
 docs/bench/, and writes BENCHMARKS.md: the machine, the date, every command, its output verbatim, its plots.
 Every number in BENCHMARKS.md is therefore produced by this one command.
 
-    python tools/bench/run_all.py [--quick] [--only NAME ... [--merge]] [--out BENCHMARKS.md]
+    python tools/bench/run_all.py [--quick] [--only NAME ...] [--args "..."] [--out BENCHMARKS.md]
+
+With `--only`, an existing output file keeps its other sections: only the named `## NAME` sections are replaced
+(each then says when and at which commit it was measured, since the file's header describes the full run).
 """
 
 from __future__ import annotations
@@ -80,12 +83,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="pass --quick to every benchmark (smaller, faster)")
     ap.add_argument("--only", nargs="*", default=None, help="benchmark names (file stems) to run")
     ap.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
-    ap.add_argument("--merge", action="store_true",
-                    help="with --only: replace just those sections of an existing --out, keep the others")
+    ap.add_argument("--args", default=None, help="arguments for the benchmark(s) instead of the defaults, "
+                    "e.g. --only selection --args '--seeds 3'")
     args = ap.parse_args()
-    if args.merge and not (args.only and args.out.is_file()):
-        print("error: --merge needs --only NAME ... and an existing --out file", file=sys.stderr)
-        return 2
 
     scripts = [s for s in sorted(HERE.glob("*.py")) if s.name != Path(__file__).name and not s.name.startswith("_")]
     if args.only:
@@ -97,6 +97,8 @@ def main() -> int:
     assets = REPO / "docs" / "bench"
     assets.mkdir(parents=True, exist_ok=True)
     extra = ["--quick"] if args.quick else []
+    if args.args is not None:
+        extra += args.args.split()
 
     started = dt.datetime.now(dt.timezone.utc)
     commit = _git_head(args.out, assets)  # before the run: the code measured, not the files it writes
@@ -111,6 +113,8 @@ def main() -> int:
         body = [f"## {script.stem}", "", f"`python {' '.join([rel, *args_here])}` — {secs / 60:.1f} min"
                 + ("" if not code else f", **exit code {code}: this benchmark failed**"), "",
                 "```text", out.rstrip(), "```", ""]
+        if args.only and args.out.is_file():  # spliced into a file whose header describes another run
+            body[4:4] = [f"(this section alone: {started:%Y-%m-%d %H:%M} UTC, commit {commit}, {machine()})", ""]
         body += [f"![{p.stem}]({os.path.relpath(p, args.out.parent)})\n" for p in pngs]
         sections.append("\n".join(body))
 
@@ -126,25 +130,24 @@ def main() -> int:
         f"- commit: {commit}",
         "",
     ]
-    if args.merge:
-        text = _merge(args.out.read_text(), [s.stem for s in scripts], sections, started, commit, args.quick)
+    if args.only and args.out.is_file():
+        args.out.write_text(splice(args.out.read_text(), dict(zip([s.stem for s in scripts], sections, strict=True))))
     else:
-        text = "\n".join(header) + "\n" + "\n".join(sections)
-    args.out.write_text(text)
+        args.out.write_text("\n".join(header) + "\n" + "\n".join(sections))
     print(f"\nwrote {args.out}" + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
     return 1 if failed else 0
 
 
-def _merge(old: str, names: list[str], sections: list[str], started: dt.datetime, commit: str, quick: bool) -> str:
-    """`old` with the `## name` sections of `names` replaced (or appended), and one header line saying so."""
-    for name, body in zip(names, sections, strict=True):
-        pattern = re.compile(rf"^## {re.escape(name)}\n.*?(?=^## |\Z)", re.M | re.S)
-        found = pattern.search(old)
-        old = old[: found.start()] + body + "\n" + old[found.end() :] if found else old + "\n" + body
-    note = (f"- regenerated alone (`--only {' '.join(names)}{' --quick' if quick else ''} --merge`): "
-            f"{started:%Y-%m-%d %H:%M} UTC, commit {commit}\n")
-    head, sep, rest = old.partition("\n## ")
-    return head.rstrip("\n") + "\n" + note + "\n" + sep.lstrip("\n") + rest
+def splice(text: str, sections: dict[str, str]) -> str:
+    """`text` with each `## name` section (up to the next `## ` heading) replaced; new names are appended."""
+    for name, body in sections.items():
+        pattern = re.compile(rf"^## {re.escape(name)}\n.*?(?=^## |\Z)", re.S | re.M)
+        if pattern.search(text):
+            new = body.rstrip("\n") + "\n\n"
+            text = pattern.sub(lambda _, new=new: new, text, count=1)
+        else:
+            text = text.rstrip("\n") + "\n\n" + body
+    return text
 
 
 def _git_head(*outputs: Path) -> str:

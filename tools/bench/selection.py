@@ -1,8 +1,11 @@
 """Data-selection policies side by side: test accuracy (mean ± sd over seeds), cost actually spent (sample passes
-relative to full data), wall time and the selection callback's own time, on sklearn digits and on a harder
-synthetic 10-class problem with 20% label noise; plus the Data Agent's overhead next to a ResNet-18 step.
+relative to full data), wall time, the selection callback's share of the fit, how much of each selection repeats
+the previous epoch's and how much of it is mislabelled; on sklearn digits (MLP), a synthetic 10-class problem with
+20% label noise (MLP), and digits upsampled to 16×16 through timm's `test_resnet` with 20% and 40% label noise.
+On the noisy synthetic set it also runs issue 18's ablation (each candidate change alone on the faithful agent).
+Plus the Data Agent's per-step work next to a timm ResNet-18 step.
 
-    python tools/bench/selection.py [--quick] [--seeds 3] [--out DIR]
+    python tools/bench/selection.py [--quick] [--seeds 5] [--policies ...] [--workloads ...] [--out DIR]
 
 Every policy runs through the same `DataSelection` callback and Lightning loop (full data included), with the
 same model, optimizer (SGD-Nesterov, cosine schedule of the planned length) and seeds.
@@ -44,18 +47,47 @@ POLICIES = {
     "data_agent": functools.partial(DataAgentPolicy, ratio=0.5),
     "data_agent_frozen": functools.partial(DataAgentPolicy, ratio=0.5, learn=False),  # ablation: no PPO updates
     "data_agent_ranked": functools.partial(DataAgentPolicy, ratio=0.5, variant="ranked"),  # experimental variant
+    # the registered variant: the faithful agent plus the one change that unfroze its selection (issue 18)
+    "data_agent_staleness": functools.partial(DataAgentPolicy, ratio=0.5, staleness=0.5),
+    # issue 18's other candidate changes, each alone on top of the faithful agent (the ablation)
+    "data_agent_centred": functools.partial(DataAgentPolicy, ratio=0.5, centred=True),
+    "data_agent_gumbel": functools.partial(DataAgentPolicy, ratio=0.5, temperature=1.0),
 }
-QUICK_POLICIES = ("full", "random", "infobatch", "data_agent")
-WORKLOADS = {  # data factory kwargs, epochs, lr
-    "digits": (dict(kind="digits", batch_size=64), 30, 0.05),
-    "synth_noisy": (dict(kind="synth", n_samples=6_000, label_noise=0.2, batch_size=128), 20, 0.05),
+DEFAULT_POLICIES = ("full", "random", "infobatch", "data_agent", "data_agent_staleness")
+ABLATION = ("data_agent_centred", "data_agent_gumbel")  # run on the noisy workload only
+QUICK_POLICIES = DEFAULT_POLICIES
+WORKLOADS = {  # data factory kwargs, epochs, lr, model
+    "digits": (dict(kind="digits", batch_size=64), 30, 0.05, "mlp"),
+    "synth_noisy": (dict(kind="synth", n_samples=6_000, label_noise=0.2, batch_size=128), 20, 0.05, "mlp"),
+    # the harder workload: digits upsampled to 16×16 through timm's smallest ResNet, 20% / 40% label noise
+    "digits_cnn_noise20": (dict(kind="upsampled", size=16, label_noise=0.2, batch_size=64), 15, 0.05, "test_resnet"),
+    "digits_cnn_noise40": (dict(kind="upsampled", size=16, label_noise=0.4, batch_size=64), 15, 0.05, "test_resnet"),
 }
 
 
 def make_data(kind: str, seed: int, **kw):
     from framework.data.digits import DigitsData, SyntheticClasses
+    from framework.data.digits_upsampled import UpsampledDigits
 
-    return DigitsData(seed=seed, **kw) if kind == "digits" else SyntheticClasses(seed=seed, **kw)
+    return {"digits": DigitsData, "synth": SyntheticClasses, "upsampled": UpsampledDigits}[kind](seed=seed, **kw)
+
+
+def make_model(name: str):
+    """A model factory taking (num_classes, input_shape): the benchmark's MLP, or a timm model built from scratch."""
+    if name == "mlp":
+        from framework.models.convnet import MLP
+
+        return functools.partial(MLP, hidden=256, depth=2)
+
+    def timm_model(num_classes: int, input_shape: list[int]):
+        import timm
+        from timm.layers import GroupNorm1
+
+        # GroupNorm: a pruned epoch (InfoBatch's above all) can end on a batch of one, which BatchNorm refuses
+        return timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=input_shape[0],
+                                 norm_layer=GroupNorm1)
+
+    return timm_model
 
 
 def run(workload: str, policy: str, seed: int, epochs: int | None = None) -> dict:
@@ -63,18 +95,17 @@ def run(workload: str, policy: str, seed: int, epochs: int | None = None) -> dic
     import lightning as L
 
     from framework.callbacks.selection import DataSelection
-    from framework.models.convnet import MLP
     from framework.modules.classifier import Classifier
     from framework.optim.schedulers import warmup_cosine
 
     torch.set_num_threads(1)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)  # no per-run banners in the report
     warnings.filterwarnings("ignore")
-    data_kw, default_epochs, lr = WORKLOADS[workload]
+    data_kw, default_epochs, lr, model = WORKLOADS[workload]
     L.seed_everything(seed, verbose=False)
     data = make_data(seed=seed, **data_kw)
     module = Classifier(
-        functools.partial(MLP, hidden=256, depth=2), num_classes=data.num_classes, input_shape=data.input_shape,
+        make_model(model), num_classes=data.num_classes, input_shape=data.input_shape,
         optimizer=lambda ps: torch.optim.SGD([p for _, p in ps], lr=lr, momentum=0.9, nesterov=True,
                                              weight_decay=5e-4),
         scheduler=functools.partial(warmup_cosine, warmup_steps=20, min_lr_ratio=0.0),
@@ -209,15 +240,23 @@ def plot(summary: list[dict], png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
-def main(quick: bool = False, seeds: int = 3, out: Path | None = None, workers: int = 2) -> str:
-    policies = QUICK_POLICIES if quick else tuple(POLICIES)
-    workloads = ("digits",) if quick else tuple(WORKLOADS)
+def main(quick: bool = False, seeds: int = 5, out: Path | None = None, workers: int = 2,
+         policies: tuple[str, ...] | None = None, workloads: tuple[str, ...] | None = None) -> str:
+    for name, valid in ((policies, POLICIES), (workloads, WORKLOADS)):
+        unknown = sorted(set(name or ()) - set(valid))
+        if unknown:
+            raise SystemExit(f"error: unknown {unknown}; valid: {sorted(valid)}")
+    policies = policies or (QUICK_POLICIES if quick else DEFAULT_POLICIES)
+    workloads = workloads or (("digits",) if quick else tuple(WORKLOADS))
     n_seeds = 1 if quick else seeds
     epochs = 8 if quick else None
     jobs = [(w, p, s, epochs) for w in workloads for s in range(n_seeds) for p in policies]
+    if not quick and "synth_noisy" in workloads and policies == DEFAULT_POLICIES:
+        jobs += [("synth_noisy", p, s, None) for s in range(n_seeds) for p in ABLATION]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         rows = list(pool.map(_run, jobs))
-    summary = summarise(rows)
+    order = {name: i for i, name in enumerate([*WORKLOADS, *POLICIES])}
+    summary = sorted(summarise(rows), key=lambda s: (order[s["workload"]], order[s["policy"]]))
     overhead = None if quick else agent_overhead()
     table = markdown(summary, overhead)
     out = out or REPO / "docs" / "img"
@@ -230,11 +269,15 @@ def main(quick: bool = False, seeds: int = 3, out: Path | None = None, workers: 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="digits only, 8 epochs, 1 seed, 4 policies")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="digits only, 8 epochs, 1 seed")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--policies", nargs="*", default=None, help=f"default: {' '.join(DEFAULT_POLICIES)} "
+                        f"(+ the ablation {' '.join(ABLATION)} on synth_noisy)")
+    parser.add_argument("--workloads", nargs="*", default=None, help=f"default: all of {' '.join(WORKLOADS)}")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="where the PNG goes (default docs/img)")
     args = parser.parse_args()
     started = time.time()
-    print(main(args.quick, args.seeds, args.out, args.workers))
+    print(main(args.quick, args.seeds, args.out, args.workers,
+               tuple(args.policies) if args.policies else None, tuple(args.workloads) if args.workloads else None))
     print(f"\n({time.time() - started:.0f} s)")
