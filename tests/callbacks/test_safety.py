@@ -123,6 +123,7 @@ def test_ctrl_c_finishes_the_step_saves_and_resumes_exactly(tmp_path, capsys):
     _trainer(tmp_path / "full", []).fit(full)
 
     torch.manual_seed(0)
+    before = signal.getsignal(signal.SIGINT)  # Python's default, or SIG_IGN when started in the background
     guard = GracefulInterrupt(resume_hint="python -m framework.train recipe=x")
     stopped = _trainer(tmp_path / "cut", [guard])
     cut = Regression(sigint_at=5)
@@ -136,7 +137,7 @@ def test_ctrl_c_finishes_the_step_saves_and_resumes_exactly(tmp_path, capsys):
     assert all(torch.equal(saved["state_dict"][k], v) for k, v in reference["state_dict"].items())
     err = capsys.readouterr().err
     assert f"resume with: python -m framework.train recipe=x ckpt_path={guard.saved_path}" in err
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    assert signal.getsignal(signal.SIGINT) is before  # the handler that was there before is restored
 
     torch.manual_seed(1)  # the resumed run must not depend on fresh initialisation
     resumed = Regression()
