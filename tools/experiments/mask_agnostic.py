@@ -158,6 +158,17 @@ def verdicts(sweeps: dict, size: dict) -> str:
                 line += (f"; mask_agnostic beats ce_both (acc +0.01, or equal acc and TV −0.01) at m = {wins or 'none'},"
                          f" loses at m = {losses or 'none'}")
             out.append(line)
+    for arm in [a for a in ("mask_agnostic", "mask_agnostic_sym") if a in size["arms"] and "ce_both" in size["arms"]]:
+        for tail in size["tails"]:
+            tally = {"wins": 0, "losses": 0, "ties": 0}  # beyond-training cells, accuracy ±0.01, over the seeds
+            for seed in size["seeds"]:
+                a, c = sweeps[(tail, seed, arm)], sweeps[(tail, seed, "ce_both")]
+                for m in (m for m in size["ms"] if beyond(a, m)):
+                    diff = at(a, "acc", m) - at(c, "acc", m)
+                    tally["wins" if diff > 0.01 else "losses" if diff < -0.01 else "ties"] += 1
+            out.append(f"- {arm} vs ce_both beyond the training lengths, max_eos={tail}, {len(size['seeds'])} seeds: "
+                       f"higher accuracy (> +0.01) in {tally['wins']} cells, lower in {tally['losses']}, "
+                       f"within ±0.01 in {tally['ties']}")
     return "\n".join(out)
 
 
