@@ -152,11 +152,12 @@ def verdicts(sweeps: dict, size: dict) -> str:
                     f"training lengths at m = {fall_in or 'none'}; beyond them at m = {fall_out or 'none'}")
             if "mask_agnostic" in size["arms"] and "ce_both" in size["arms"]:
                 ma, cb = sweeps[(tail, seed, "mask_agnostic")], sweeps[(tail, seed, "ce_both")]
-                wins = [m for m in size["ms"] if at(ma, "acc", m) > at(cb, "acc", m) + 0.01
-                        or (abs(at(ma, "acc", m) - at(cb, "acc", m)) <= 0.01 and at(ma, "tv", m) < at(cb, "tv", m) - 0.01)]
+                gap = {m: at(ma, "acc", m) - at(cb, "acc", m) for m in size["ms"]}
+                wins = [m for m in size["ms"] if gap[m] > 0.01
+                        or (abs(gap[m]) <= 0.01 and at(ma, "tv", m) < at(cb, "tv", m) - 0.01)]
                 losses = [m for m in size["ms"] if at(cb, "acc", m) > at(ma, "acc", m) + 0.01]
-                line += (f"; mask_agnostic beats ce_both (acc +0.01, or equal acc and TV −0.01) at m = {wins or 'none'},"
-                         f" loses at m = {losses or 'none'}")
+                line += ("; mask_agnostic beats ce_both (acc +0.01, or equal acc and TV −0.01) at m = "
+                         f"{wins or 'none'}, loses at m = {losses or 'none'}")
             out.append(line)
     for arm in [a for a in ("mask_agnostic", "mask_agnostic_sym") if a in size["arms"] and "ce_both" in size["arms"]]:
         for tail in size["tails"]:
@@ -255,10 +256,11 @@ def main(argv: list[str] | None = None) -> None:
     runs = [(t, s, arm) for t, s in cells for arm in size["arms"]]
     with ThreadPoolExecutor(max_workers=jobs) as pool:  # the cores are shared by the runs going at once
         plan.threads = max(1, (os.cpu_count() or 1) // min(jobs, len(cells)))
-        sweeps = {(t, s, "pretrained"): table for (t, s), table in zip(cells, pool.map(lambda c: plan.pretrain(*c), cells))}
-        control = dict(zip(controls, pool.map(lambda c: plan.pretrain(*c), controls)))
+        pretrained = pool.map(lambda c: plan.pretrain(*c), cells)
+        sweeps = {(t, s, "pretrained"): table for (t, s), table in zip(cells, pretrained, strict=True)}
+        control = dict(zip(controls, pool.map(lambda c: plan.pretrain(*c), controls), strict=True))
         plan.threads = max(1, (os.cpu_count() or 1) // min(jobs, len(runs)))
-        sweeps.update(zip(runs, pool.map(lambda r: plan.finetune(*r), runs)))
+        sweeps.update(zip(runs, pool.map(lambda r: plan.finetune(*r), runs), strict=True))
     minutes = (time.time() - start) / 60
     if minutes < 0.5 and (out / "summary.json").exists():  # every run was reused: keep the time they took
         minutes = json.loads((out / "summary.json").read_text()).get("minutes", minutes)
@@ -266,8 +268,9 @@ def main(argv: list[str] | None = None) -> None:
     command = "python tools/experiments/mask_agnostic.py " + " ".join(argv if argv is not None else sys.argv[1:])
     table = markdown(sweeps, size)
     reading = verdicts(sweeps, size)
-    header = (f"Written by `{command.strip()}` in {minutes:.1f} min ({jobs} run(s) at a time on {os.cpu_count()} cores); "
-              f"pretrain {size['pretrain_steps']} steps, each arm {size['ft_steps']} fine-tuning steps.\n")
+    header = (f"Written by `{command.strip()}` in {minutes:.1f} min ({jobs} run(s) at a time on "
+              f"{os.cpu_count()} cores); pretrain {size['pretrain_steps']} steps, "
+              f"each arm {size['ft_steps']} fine-tuning steps.\n")
     text = header + "\n" + (side_by_side(sweeps, size) + "\n\n" if args.size == "demo" else "") + table + "\n" + reading
     if control:
         text += "\n\n" + init_control(sweeps, control, size)
