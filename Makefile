@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 RUN_DIR ?= runs/demo
-# the flagship method at a small size (~3 min on 2 cores): a 2-layer MDLM pretrained on an 8-slot needle task
+# the flagship method at a small size (about 1 min on 2 quiet cores): a 2-layer MDLM pretrained on an 8-slot needle task
 # (700 steps), then fine-tuned 200 steps with and without the mask-agnostic TV term from the same checkpoint;
 # prints both side by side by the number of appended masks, the training-length boundary marked
 
