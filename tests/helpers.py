@@ -41,3 +41,22 @@ def assert_resume_is_exact(cli, args: list[str], tmp_path: Path, resume_step: in
     assert [k for k in a if not torch.equal(a[k], b[k])] == []
     assert not all(torch.equal(a[k], _weights(mid)[k]) for k in a)
     return full
+
+
+def regression_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of `step` in the distributed optimizer tests (16 rows, 8 inputs, 4 targets)."""
+    gen = torch.Generator().manual_seed(100 + step)
+    return torch.randn(16, 8, generator=gen), torch.randn(16, 4, generator=gen)
+
+
+def train_steps(model, opt, first: int, steps: int, shard: int | None = None, world: int = 2) -> None:
+    """MSE steps `first .. first+steps-1` on `regression_batch`; with `shard`, on that rank's 1/world of it."""
+    import torch.nn.functional as F
+
+    for step in range(first, first + steps):
+        x, y = regression_batch(step)
+        if shard is not None:
+            x, y = x.chunk(world)[shard], y.chunk(world)[shard]
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from helpers import regression_batch, train_steps
 from torch import nn
 
 import framework.optim.olion as olion_module
@@ -41,11 +42,6 @@ def make_opt(named_params, distributed: str, ns_batch: int) -> OLion:
     return OLion(named_params, lr=1e-2, ns_dtype=torch.float32, distributed=distributed, ns_batch=ns_batch)
 
 
-def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(100 + step)
-    return torch.randn(16, 8, generator=gen), torch.randn(16, 4, generator=gen)
-
-
 def count_ns_calls() -> list[int]:
     """Wrap OLion's newton_schulz5 and count the matrices it orthogonalises."""
     calls = [0]
@@ -57,16 +53,6 @@ def count_ns_calls() -> list[int]:
 
     olion_module.newton_schulz5 = counting  # only inside a rank process
     return calls
-
-
-def train(model, opt, steps, first, shard=None) -> None:
-    for step in range(first, first + steps):
-        x, y = global_batch(step)
-        if shard is not None:
-            x, y = x.chunk(WORLD)[shard], y.chunk(WORLD)[shard]
-        opt.zero_grad()
-        F.mse_loss(model(x), y).backward()
-        opt.step()
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
@@ -81,14 +67,14 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             calls[0] = 0
             ddp = DistributedDataParallel(make_model())
             opt = make_opt(ddp.named_parameters(), distributed, ns_batch)
-            train(ddp, opt, STEPS, 0, shard=rank)
+            train_steps(ddp, opt, 0, STEPS, shard=rank, world=WORLD)
             saved = opt.state_dict()
             first_calls = calls[0]
             resumed = DistributedDataParallel(make_model())
             resumed.module.load_state_dict(ddp.module.state_dict())
             opt2 = make_opt(resumed.named_parameters(), distributed, ns_batch)
             opt2.load_state_dict(saved)
-            train(resumed, opt2, RESUMED, STEPS, shard=rank)
+            train_steps(resumed, opt2, STEPS, RESUMED, shard=rank, world=WORLD)
             out[f"{distributed}_{ns_batch}"] = {
                 "params": resumed.module.state_dict(), "state": opt2.state_dict()["state"], "ns_calls": first_calls
             }
@@ -103,7 +89,7 @@ def single_process_run(distributed: str, ns_batch: int) -> tuple[dict, dict]:
     opt = make_opt(model.named_parameters(), distributed, ns_batch)
     for step in range(STEPS + RESUMED):
         halves = []
-        for x, y in zip(*(t.chunk(WORLD) for t in global_batch(step)), strict=True):
+        for x, y in zip(*(t.chunk(WORLD) for t in regression_batch(step)), strict=True):
             model.zero_grad()
             F.mse_loss(model(x), y).backward()
             halves.append([p.grad.clone() for p in model.parameters()])

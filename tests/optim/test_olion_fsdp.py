@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
+from helpers import train_steps
 from torch import nn
 
 from framework.optim import OLion
@@ -38,11 +38,6 @@ def make_opt(model: nn.Module, distributed: str = "round_robin") -> OLion:
     return OLion(model.named_parameters(), lr=1e-2, ns_dtype=torch.float32, distributed=distributed)
 
 
-def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(100 + step)
-    return torch.randn(16, 8, generator=gen), torch.randn(16, 4, generator=gen)
-
-
 def sharded_model(mesh) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
@@ -51,16 +46,6 @@ def sharded_model(mesh) -> nn.Module:
         if isinstance(module, nn.Linear):
             fully_shard(module, mesh=mesh)
     return fully_shard(model, mesh=mesh)
-
-
-def train(model, opt, first: int, steps: int, rank: int | None = None) -> None:
-    for step in range(first, first + steps):
-        x, y = batch(step)
-        if rank is not None:
-            x, y = x.chunk(WORLD)[rank], y.chunk(WORLD)[rank]
-        opt.zero_grad()
-        F.mse_loss(model(x), y).backward()
-        opt.step()
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
@@ -80,7 +65,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         mesh = init_device_mesh("cpu", (WORLD,))
         model = sharded_model(mesh)
         opt = make_opt(model)
-        train(model, opt, 0, STEPS, rank)
+        train_steps(model, opt, 0, STEPS, rank, world=WORLD)
         m = opt.state[model.fc1.weight]["momentum_buffer"]
         layout = (isinstance(m, DTensor), tuple(m.placements), tuple(m.to_local().shape))
         after = {n: p.full_tensor() for n, p in model.named_parameters()}
@@ -99,11 +84,11 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             for p, p2 in zip(model.parameters(), model2.parameters(), strict=True) if p in opt.state
             and "momentum_buffer" in opt.state[p]
         )
-        train(model2, opt2, STEPS, RESUMED, rank)
+        train_steps(model2, opt2, STEPS, RESUMED, rank, world=WORLD)
         resumed = {n: p.full_tensor() for n, p in model2.named_parameters()}
 
         model3 = sharded_model(mesh)
-        train(model3, make_opt(model3, "redundant"), 0, STEPS, rank)
+        train_steps(model3, make_opt(model3, "redundant"), 0, STEPS, rank, world=WORLD)
         redundant = {n: p.full_tensor() for n, p in model3.named_parameters()}
 
         mesh2 = init_device_mesh("cpu", (1, WORLD), mesh_dim_names=("replicate", "shard"))
@@ -129,7 +114,7 @@ def rank_results() -> list[dict]:
 
 def single_process(steps: int) -> dict[str, torch.Tensor]:
     model = make_model()
-    train(model, make_opt(model), 0, steps)
+    train_steps(model, make_opt(model), 0, steps)
     return {n: p.detach() for n, p in model.named_parameters()}
 
 
