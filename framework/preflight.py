@@ -226,7 +226,25 @@ def build_parts(job: DictConfig, choices: dict[str, Any]) -> None:
                 pass  # needs a running trainer or real tensors: the run checks it when it gets there
     check_lengths(data, getattr(lm, "model", None), choices)
     with _refusal("trainer", None), _quiet_lightning():
-        trainer(callbacks=list(callbacks.values()), logger=False, enable_progress_bar=False)
+        built = trainer(callbacks=list(callbacks.values()), logger=False, enable_progress_bar=False)
+    check_strategy(built, lm, callbacks, job.trainer.get("strategy"))
+
+
+def check_strategy(trainer: Any, lm: Any, callbacks: dict[str, Any], setting: Any) -> None:
+    """Under FSDP2 (`trainer.strategy=fsdp2`) the module must shard itself and train nothing outside its model;
+    a callback with `check_strategy(strategy)` (e.g. orthogonal_growth) says whether it runs under the strategy."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from framework.strategies import unshardable
+
+    reason = unshardable(lm) if isinstance(trainer.strategy, ModelParallelStrategy) else None
+    if reason:
+        raise PreflightError(f"trainer.strategy={setting}: {reason}")
+    for name, callback in callbacks.items():
+        try:
+            getattr(callback, "check_strategy", lambda _: None)(trainer.strategy)
+        except NotImplementedError as err:
+            raise PreflightError(f"trainer.strategy={setting}: callbacks.{name}: {err}") from None
 
 
 def check_lengths(data: Any, model: Any, choices: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra_zen import builds, make_config, zen
+from lightning.pytorch.utilities import rank_zero_only
 
 from framework.callbacks.run_record import RunRecord, numbers
 from framework.callbacks.safety import GracefulInterrupt, NonFiniteLossError, StopOnNonFinite
@@ -27,6 +28,9 @@ from framework.checkpointing import AtomicCheckpointIO, CheckpointError, Resumab
 from framework.modules.data_spec import DataSpec
 from framework.registry import LOSSES, METRICS, MODULES, ZEN_STORE, load_catalog
 from framework.run_log import log_to_run_file, quiet_console
+from framework.strategies import register as register_strategies
+
+register_strategies()  # `trainer.strategy=fsdp2`
 
 RUN_DIR = "${hydra:runtime.output_dir}"
 
@@ -212,7 +216,8 @@ def _or_exit(fn: Any, *args: Any, code: int, **kw: Any) -> Any:
     try:
         return fn(*args, **kw)
     except (CheckpointError, NonFiniteLossError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        if rank_zero_only.rank == 0:  # every rank stops; one prints (the ranks' messages differ only in detail)
+            print(f"error: {err}", file=sys.stderr)
         raise SystemExit(code) from None
 
 

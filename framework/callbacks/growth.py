@@ -147,14 +147,19 @@ class OrthogonalGrowth(L.Callback):
                     noise_alpha=0.0 if structure_only else event["noise_alpha"], seed=event["seed"],
                     layers_attr=self.layers_attr, zero_patterns=self.zero_patterns)
 
+    @staticmethod
+    def check_strategy(strategy: Any) -> None:
+        """NotImplementedError under a strategy that shards the model (FSDP, FSDP2, DeepSpeed)."""
+        name = type(strategy).__name__
+        if "FSDP" in name or "DeepSpeed" in name or "ModelParallel" in name:
+            raise NotImplementedError(f"OrthogonalGrowth grows unsharded models (single device or DDP), not under"
+                                      f" {name}; grow offline with `python -m framework.grow` and resume from it")
+
     # -- Lightning hooks ---------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.model_of(pl_module)  # fail before training on a module without layers, or a loss it cannot call
         self.measure_fn(pl_module)
-        name = type(trainer.strategy).__name__
-        if "FSDP" in name or "DeepSpeed" in name or "ModelParallel" in name:
-            raise NotImplementedError(f"OrthogonalGrowth grows unsharded models (single device or DDP), not under"
-                                      f" {name}; grow offline with `python -m framework.grow` and resume from it")
+        self.check_strategy(trainer.strategy)
         if not hasattr(pl_module, _APPLIED):  # a model this callback has not grown yet: nothing is done to it
             object.__setattr__(pl_module, _APPLIED, 0)
             self.done = []

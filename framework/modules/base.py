@@ -57,6 +57,23 @@ class TrainModule(L.LightningModule):
                   f" the learning-rate schedule continues from its step, scaled by {new / old:g}",
                   file=sys.stderr, flush=True)
 
+    def configure_model(self) -> None:
+        """Under `trainer.strategy=fsdp2` (the strategy set a device mesh): shard each of `sharded_modules()` with
+        FSDP2, block by block (`framework.strategies.shard`). Other strategies set no mesh: nothing happens."""
+        if self.device_mesh is None:
+            return
+        from framework.strategies import shard, unshardable
+
+        reason = unshardable(self)
+        if reason:
+            raise ValueError(f"trainer.strategy=fsdp2: {reason}")
+        for module in self.sharded_modules():
+            shard(module, self.device_mesh["data_parallel"])
+
+    def sharded_modules(self) -> list[nn.Module]:
+        """The modules `configure_model` shards: the model (a subclass adds copies that update with it, e.g. EMA)."""
+        return [self.model]
+
     def optimized_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """(name, parameter) pairs the optimizer gets: the model's trainable ones."""
         return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]

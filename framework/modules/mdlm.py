@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from framework.losses.mask_agnostic import follow_mask_convention
 from framework.losses.mdlm import LogLinearSchedule, NelboBound, mdlm_nelbo
 from framework.modules.base import TrainModule
+from framework.strategies import reshard
 
 
 class MDLMModule(TrainModule):
@@ -94,6 +95,10 @@ class MDLMModule(TrainModule):
         seed = (self.noise_seed * 1_000_003 + self.global_step * 7_919 + rank) % (2**63)
         return torch.Generator(device=self.device).manual_seed(seed)
 
+    def sharded_modules(self) -> list[nn.Module]:
+        """The model and its EMA copy: under FSDP2 both are sharded alike, so the EMA update stays shard-local."""
+        return [self.model] + ([self.ema] if self.ema is not None else [])
+
     @property
     def eval_model(self) -> nn.Module:
         """The weights to evaluate and sample with: the EMA copy when there is one."""
@@ -160,6 +165,7 @@ class MDLMModule(TrainModule):
     def update_ema(self) -> None:
         """ema ← decay·ema + (1−decay)·weights."""
         if self.ema is not None:
+            reshard(self.ema)  # FSDP2 keeps a root's weights gathered after an evaluation forward
             with torch.no_grad():
                 for e, p in zip(self.ema.parameters(), self.model.parameters(), strict=True):
                     e.lerp_(p, 1.0 - self.ema_decay)
