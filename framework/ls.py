@@ -1,7 +1,8 @@
 """`python -m framework.ls [kind] [pattern] [hydra.searchpath=[file://FOLDER]]`: what is registered, one kind per
 line (`-v`: one name per line). YAML recipes count: conf/recipe/, and FOLDER/recipe/ as `framework.train` reads them.
 
-A kind can be named as the registry calls it (`callback`) or as its Hydra group does (`callbacks`)."""
+A kind can be named as the registry calls it (`callback`), as its Hydra group does (`callbacks`), or in the plural
+(`samplers`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from framework.registry import GROUPS, KINDS, Registry, UnknownNameError, load_c
 
 def find_kind(name: str) -> Registry:
     """The registry for a kind or Hydra group name (`callback` or `callbacks`); UnknownNameError otherwise."""
-    registry = KINDS.get(name) or GROUPS.get(name)
+    registry = KINDS.get(name) or GROUPS.get(name) or KINDS.get(name.removesuffix("s"))  # `samplers`, `models`
     if registry is None:
         raise UnknownNameError("kind", name, sorted(set(KINDS) | set(GROUPS)))
     return registry

@@ -285,6 +285,16 @@ def test_ls_accepts_the_group_name_as_well_as_the_kind(name, capsys):
     assert capsys.readouterr().out.strip() == f"callback: {' '.join(CALLBACKS.names())}"
 
 
+@pytest.mark.parametrize("name", ["samplers", "models", "recipes"])
+def test_ls_accepts_a_kind_in_the_plural(name, capsys):
+    from framework.ls import main as ls_main
+    from framework.registry import KINDS
+
+    assert ls_main([name]) == 0
+    registry = KINDS[name[:-1]]
+    assert capsys.readouterr().out.strip() == f"{registry.kind}: {' '.join(registry.names())}"
+
+
 def test_ls_refuses_an_unknown_kind_with_the_valid_kind_and_group_names(capsys):
     from framework.ls import main as ls_main
 
