@@ -186,6 +186,41 @@ def agent_overhead(batch: int = 64, steps: int = 10) -> dict[str, float]:
     return {"resnet18_step_s": step, "agent_step_s": agent, "ratio": agent / step}
 
 
+def agent_vs_mlp(batch: int = 64, steps: int = 200) -> dict[str, float]:
+    """Seconds per step (median) of the bench's MLP (64→256→256→10) SGD step in plain torch, and of the Data Agent's
+    work for the same batch: acting alone (score + reward, `learn=False`) and acting plus learning (PPO every 10
+    steps, amortised), one thread. Why the callback's share on the MLP workloads cannot reach 15% by bookkeeping."""
+    from framework.models.convnet import MLP
+    from framework.samplers import ScoreTable
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = MLP(num_classes=10, input_shape=[64], hidden=256, depth=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(batch, 64), torch.randint(0, 10, (batch,))
+    times, feats = [], []
+    for _ in range(steps):
+        t = time.perf_counter()
+        f = model.forward_features(x)
+        logits = model.head(f)
+        torch.nn.functional.cross_entropy(logits, y).backward()
+        opt.step()
+        opt.zero_grad()
+        times.append(time.perf_counter() - t)
+        feats.append((f.detach(), logits.detach()))
+    out = {"mlp_step_s": statistics.median(times[10:])}
+    for key, learn in (("act_s", False), ("act_learn_s", True)):
+        policy, table = DataAgentPolicy(seed=0, learn=learn), ScoreTable(batch * steps)
+        took = []
+        for i, (f, logits) in enumerate(feats):
+            t = time.perf_counter()
+            policy.observe({"index": torch.arange(batch) + batch * i, "features": f, "logits": logits,
+                            "targets": y}, table, 0)
+            took.append(time.perf_counter() - t)
+        out[key] = sum(took[-100:]) / 100  # 100 steps: 10 PPO updates when learning
+    return out
+
+
 def summarise(rows: list[dict]) -> list[dict]:
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
@@ -205,7 +240,7 @@ def summarise(rows: list[dict]) -> list[dict]:
     return out
 
 
-def markdown(summary: list[dict], overhead: dict[str, float] | None) -> str:
+def markdown(summary: list[dict], overhead: dict[str, float] | None, mlp: dict[str, float] | None = None) -> str:
     lines = ["| workload | policy | test acc % (mean ± sd) | Δ vs full | cost | wall s | time ratio vs full "
              "| callback share of fit | of which the agent | bookkeeping share | repeat share of selection "
              "| mislabelled share of selection |",
@@ -225,6 +260,11 @@ def markdown(summary: list[dict], overhead: dict[str, float] | None) -> str:
         lines += ["", f"Data Agent work per step next to a timm ResNet-18 SGD step (32×32, batch 64, 1 thread): "
                       f"{1e3 * overhead['agent_step_s']:.1f} ms vs {1e3 * overhead['resnet18_step_s']:.1f} ms "
                       f"= **{100 * overhead['ratio']:.1f}%** of the step."]
+    if mlp:
+        lines += ["", f"The agent next to the MLP workloads' model (64→256→256→10 SGD step in plain torch, batch 64, 1 "
+                      f"thread): the step {1e3 * mlp['mlp_step_s']:.2f} ms; the agent acting alone "
+                      f"{1e3 * mlp['act_s']:.2f} ms ({mlp['act_s'] / mlp['mlp_step_s']:.2f}× the step), acting and "
+                      f"learning {1e3 * mlp['act_learn_s']:.2f} ms ({mlp['act_learn_s'] / mlp['mlp_step_s']:.2f}×)."]
     return "\n".join(lines)
 
 
@@ -264,7 +304,7 @@ def main(quick: bool = False, seeds: int = 5, out: Path | None = None, workers: 
     order = {name: i for i, name in enumerate([*WORKLOADS, *POLICIES])}
     summary = sorted(summarise(rows), key=lambda s: (order[s["workload"]], order[s["policy"]]))
     overhead = None if quick else agent_overhead()
-    table = markdown(summary, overhead)
+    table = markdown(summary, overhead, None if quick else agent_vs_mlp())
     out = out or REPO / "docs" / "img"
     if not quick:
         png = out / "selection_compare.png"
