@@ -23,7 +23,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from framework.registry import RECIPES, ZEN_STORE
 
 #: the YAML side of the app: Hydra settings, sizes, presets and YAML recipes
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+#: the YAML configs: the repository's top-level conf/ (a checkout, an editable install), else the copy a built wheel
+#: carries inside the package as `framework/conf/`
+CONF_DIR = next((p for p in (Path(__file__).resolve().parent.parent / "conf", Path(__file__).resolve().parent / "conf")
+                 if (p / "size").is_dir()), Path(__file__).resolve().parent.parent / "conf")
 #: sizes every recipe has (conf/size/); `cpu` is the default
 SIZES = ("cpu", "smoke", "gpu")
 #: recipe name -> the overrides that shrink it to a few-second run (what the tests run): `size=smoke`'s values
