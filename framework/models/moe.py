@@ -137,7 +137,8 @@ class MoETransformerLM(LanguageModel, RecordsConfig):
 
     `expert_hidden` defaults to 2·dim (SwiGLU, so an expert has 6·dim² weights); `shared_hidden=0` means no
     shared expert; `aux_loss_coef` scales the load-balancing loss. The output never contains it: a training
-    step adds `pop_aux_loss()` (coef · balance summed over layers) to its loss.
+    step adds `pop_aux_loss()` (coef · balance summed over layers) to its loss. `init` is `TransformerLM`'s:
+    ``"gpt2"`` (the default) or ``"torch"`` (PyTorch's width-scaled defaults; see `init_weights`).
     """
 
     def __init__(
@@ -157,13 +158,14 @@ class MoETransformerLM(LanguageModel, RecordsConfig):
         causal: bool = True,
         dropout: float = 0.0,
         tie_embeddings: bool = False,
+        init: str = "gpt2",
     ):
         check_positive(num_experts=num_experts, top_k=top_k)
         hidden = expert_hidden or 2 * dim
         super().__init__(vocab_size, dim, depth, heads, kv_heads, max_seq_len, causal, dropout, tie_embeddings,
                          feed_forward=lambda: MoE(dim, num_experts, top_k, hidden, router, shared_hidden,
                                                   aux_loss_coef),
-                         ffn_name="moe")
+                         ffn_name="moe", init=init)
 
     def moe_layers(self) -> list[MoE]:
         """The MoE feed-forward layers, first to last."""
