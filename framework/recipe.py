@@ -22,11 +22,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from framework.registry import RECIPES, ZEN_STORE
 
-#: the YAML side of the app: Hydra settings, sizes, presets and YAML recipes
-#: the YAML configs: the repository's top-level conf/ (a checkout, an editable install), else the copy a built wheel
-#: carries inside the package as `framework/conf/`
-CONF_DIR = next((p for p in (Path(__file__).resolve().parent.parent / "conf", Path(__file__).resolve().parent / "conf")
-                 if (p / "size").is_dir()), Path(__file__).resolve().parent.parent / "conf")
+#: the YAML side of the app (Hydra settings, sizes, presets and YAML recipes): the repository's top-level conf/ (a
+#: checkout, an editable install), else the copy a built wheel carries inside the package as `framework/conf/`
+_REPO_CONF, _WHEEL_CONF = Path(__file__).resolve().parent.parent / "conf", Path(__file__).resolve().parent / "conf"
+CONF_DIR = _REPO_CONF if (_REPO_CONF / "size").is_dir() else _WHEEL_CONF  # site-packages/conf may be another's
 #: sizes every recipe has (conf/size/); `cpu` is the default
 SIZES = ("cpu", "smoke", "gpu")
 #: recipe name -> the overrides that shrink it to a few-second run (what the tests run): `size=smoke`'s values

@@ -28,9 +28,7 @@ from framework.checkpointing import AtomicCheckpointIO, CheckpointError, Resumab
 from framework.modules.data_spec import DataSpec
 from framework.registry import LOSSES, METRICS, MODULES, ZEN_STORE, load_catalog
 from framework.run_log import log_to_run_file, quiet_console
-from framework.strategies import register as register_strategies
-
-register_strategies()  # `trainer.strategy=fsdp2`
+from framework.strategies import FSDP2Strategy  # noqa: F401 - importing it registers `trainer.strategy=fsdp2`
 
 RUN_DIR = "${hydra:runtime.output_dir}"
 

@@ -60,3 +60,15 @@ def train_steps(model, opt, first: int, steps: int, shard: int | None = None, wo
         opt.zero_grad()
         F.mse_loss(model(x), y).backward()
         opt.step()
+
+
+def rank_runs(worker, world: int, weights_only: bool = True) -> list[dict]:
+    """Run `worker(rank, init_file, out_dir)` in `world` forked processes (fork: the ranks inherit the imports) and
+    load what each saved as `out_dir/rank{r}.pt`."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(worker, args=(str(Path(tmp) / "init"), tmp), nprocs=world, join=True, start_method="fork")
+        return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=weights_only) for r in range(world)]

@@ -4,16 +4,14 @@ state_dict save / load / resume."""
 
 from __future__ import annotations
 
-import tempfile
 from collections import OrderedDict
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
-from helpers import regression_batch, train_steps
+from helpers import rank_runs, regression_batch, train_steps
 from torch import nn
 
 import framework.optim.olion as olion_module
@@ -101,11 +99,8 @@ def single_process_run(distributed: str, ns_batch: int) -> tuple[dict, dict]:
 
 @pytest.fixture(scope="module")
 def rank_results() -> list[dict]:
-    """Start the 2-rank runs once (fork: the ranks inherit the imports) and load what each rank saved."""
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_worker, args=(str(Path(tmp) / "init"), tmp), nprocs=WORLD, join=True,
-                           start_method="fork")
-        return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    """Start the 2-rank runs once and load what each rank saved."""
+    return rank_runs(_worker, WORLD, weights_only=True)
 
 
 @pytest.mark.ddp

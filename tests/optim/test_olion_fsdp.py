@@ -6,15 +6,13 @@ save and load."""
 
 from __future__ import annotations
 
-import tempfile
 from collections import OrderedDict
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from helpers import train_steps
+from helpers import rank_runs, train_steps
 from torch import nn
 
 from framework.optim import OLion
@@ -106,10 +104,8 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def rank_results() -> list[dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_worker, args=(str(Path(tmp) / "init"), tmp), nprocs=WORLD, join=True,
-                           start_method="fork")
-        return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    """Start the 2-rank runs once and load what each rank saved."""
+    return rank_runs(_worker, WORLD, weights_only=False)
 
 
 def single_process(steps: int) -> dict[str, torch.Tensor]:

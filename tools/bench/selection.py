@@ -153,20 +153,13 @@ def _run(args: tuple) -> dict:
     return run(*args)
 
 
-def agent_overhead(batch: int = 64, steps: int = 10) -> dict[str, float]:
-    """Seconds per step of a timm ResNet-18 (32×32, 10 classes) SGD step vs the Data Agent's work for the same
-    batch (act on the 512-d features, reward, PPO update every 10 steps amortised), one thread."""
-    import timm
-
-    from framework.samplers import ScoreTable
-
+def _sgd_steps(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> tuple[list[float], list]:
+    """Time `steps` SGD steps of a timm-style classifier (`forward_features`, `forward_head`, `get_classifier`) on
+    one batch, one thread; returns each step's seconds and its (penultimate features, logits), as the agent sees."""
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = timm.create_model("resnet18", pretrained=False, num_classes=10)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
     times, feats = [], []
-    for _ in range(steps + 1):
+    for _ in range(steps):
         t = time.perf_counter()
         f = model.forward_head(model.forward_features(x), pre_logits=True)
         logits = model.get_classifier()(f)
@@ -175,14 +168,35 @@ def agent_overhead(batch: int = 64, steps: int = 10) -> dict[str, float]:
         opt.zero_grad()
         times.append(time.perf_counter() - t)
         feats.append((f.detach(), logits.detach()))
-    policy, table = DataAgentPolicy(seed=0), ScoreTable(10_000)
-    agent_times = []
-    for i, (f, logits) in enumerate(feats * 2):
+    return times, feats
+
+
+def _observe_seconds(feats: list, y: torch.Tensor, last: int, learn: bool = True) -> float:
+    """Mean seconds of the Data Agent's `observe` (act, reward, and with `learn` its PPO update every 10 steps) over
+    the last `last` of the steps `feats`."""
+    from framework.samplers import ScoreTable
+
+    batch = y.shape[0]
+    policy, table = DataAgentPolicy(seed=0, learn=learn), ScoreTable(batch * len(feats))
+    took = []
+    for i, (f, logits) in enumerate(feats):
         t = time.perf_counter()
-        policy.observe({"index": torch.arange(batch) + batch * (i % 100), "features": f, "logits": logits,
-                        "targets": y}, table, 0)
-        agent_times.append(time.perf_counter() - t)
-    step, agent = statistics.median(times[1:]), sum(agent_times[-20:]) / 20  # 20 steps incl. 2 PPO updates
+        policy.observe({"index": torch.arange(batch) + batch * i, "features": f, "logits": logits, "targets": y},
+                       table, 0)
+        took.append(time.perf_counter() - t)
+    return sum(took[-last:]) / last
+
+
+def agent_overhead(batch: int = 64, steps: int = 10) -> dict[str, float]:
+    """Seconds per step of a timm ResNet-18 (32×32, 10 classes) SGD step vs the Data Agent's work for the same
+    batch (act on the 512-d features, reward, PPO update every 10 steps amortised), one thread."""
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("resnet18", pretrained=False, num_classes=10)
+    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    times, feats = _sgd_steps(model, x, y, steps + 1)
+    step, agent = statistics.median(times[1:]), _observe_seconds(feats * 2, y, 20)  # 20 steps incl. 2 PPO updates
     return {"resnet18_step_s": step, "agent_step_s": agent, "ratio": agent / step}
 
 
@@ -191,34 +205,13 @@ def agent_vs_mlp(batch: int = 64, steps: int = 200) -> dict[str, float]:
     work for the same batch: acting alone (score + reward, `learn=False`) and acting plus learning (PPO every 10
     steps, amortised), one thread. Why the callback's share on the MLP workloads cannot reach 15% by bookkeeping."""
     from framework.models.convnet import MLP
-    from framework.samplers import ScoreTable
 
-    torch.set_num_threads(1)
     torch.manual_seed(0)
     model = MLP(num_classes=10, input_shape=[64], hidden=256, depth=2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = torch.randn(batch, 64), torch.randint(0, 10, (batch,))
-    times, feats = [], []
-    for _ in range(steps):
-        t = time.perf_counter()
-        f = model.forward_features(x)
-        logits = model.head(f)
-        torch.nn.functional.cross_entropy(logits, y).backward()
-        opt.step()
-        opt.zero_grad()
-        times.append(time.perf_counter() - t)
-        feats.append((f.detach(), logits.detach()))
-    out = {"mlp_step_s": statistics.median(times[10:])}
-    for key, learn in (("act_s", False), ("act_learn_s", True)):
-        policy, table = DataAgentPolicy(seed=0, learn=learn), ScoreTable(batch * steps)
-        took = []
-        for i, (f, logits) in enumerate(feats):
-            t = time.perf_counter()
-            policy.observe({"index": torch.arange(batch) + batch * i, "features": f, "logits": logits,
-                            "targets": y}, table, 0)
-            took.append(time.perf_counter() - t)
-        out[key] = sum(took[-100:]) / 100  # 100 steps: 10 PPO updates when learning
-    return out
+    times, feats = _sgd_steps(model, x, y, steps)
+    return {"mlp_step_s": statistics.median(times[10:]),  # 100 steps each: 10 PPO updates when learning
+            "act_s": _observe_seconds(feats, y, 100, learn=False), "act_learn_s": _observe_seconds(feats, y, 100)}
 
 
 def summarise(rows: list[dict]) -> list[dict]:
