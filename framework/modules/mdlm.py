@@ -165,7 +165,8 @@ class MDLMModule(TrainModule):
     def update_ema(self) -> None:
         """ema ← decay·ema + (1−decay)·weights."""
         if self.ema is not None:
-            reshard(self.ema)  # FSDP2 keeps a root's weights gathered after an evaluation forward
+            if self.device_mesh is not None:  # FSDP2 keeps a root's weights gathered after an evaluation forward
+                reshard(self.ema)
             with torch.no_grad():
                 for e, p in zip(self.ema.parameters(), self.model.parameters(), strict=True):
                     e.lerp_(p, 1.0 - self.ema_decay)
