@@ -122,7 +122,9 @@ def check_mask_convention(model: Any, tokens: Tensor, kpm: Tensor, true_means: s
     """ValueError unless the model's logits at the real positions of the most padded row are the same with its
     padding (masked) as without it: a model reading the mask the other way round attends to the padding only.
 
-    Runs `model` in eval mode (restored after) without gradients or RNG use; `kpm` is True = real token.
+    Runs `model` in eval mode (restored after) without gradients or RNG use; `kpm` is True = real token. Autocast
+    is off inside, so a bf16-mixed run compares fp32 logits; a model whose weights are themselves in a low
+    precision is compared at a tolerance of a few of its rounding steps (`_convention_tolerance`).
     """
     row = int(kpm.sum(1).argmin())
     n, width = int(kpm[row].sum()), int(kpm.sum(1).max())
@@ -132,14 +134,16 @@ def check_mask_convention(model: Any, tokens: Tensor, kpm: Tensor, true_means: s
     for m in modules:
         m.eval()
     try:
-        with torch.random.fork_rng(devices=[]):
-            alone = model_logits(call, tokens[row : row + 1, :n]).float()
-            padded = model_logits(call, tokens[row : row + 1, :width], kpm[row : row + 1, :width])[:, :n].float()
+        with torch.random.fork_rng(devices=[]), torch.autocast(tokens.device.type, enabled=False):
+            alone = model_logits(call, tokens[row : row + 1, :n])
+            padded = model_logits(call, tokens[row : row + 1, :width], kpm[row : row + 1, :width])[:, :n]
     finally:
         for m, mode in zip(modules, modes, strict=True):
             m.train(mode)
+    tolerance = _convention_tolerance(alone.dtype) * (1.0 + float(alone.float().abs().max()))
+    alone, padded = alone.float(), padded.float()
     change = float((padded - alone).abs().max()) if bool(torch.isfinite(padded).all()) else float("inf")
-    if not change <= 1e-3 * (1.0 + float(alone.abs().max())):
+    if not change <= tolerance:
         shown = "real token" if true_means == "real" else "padding"
         other = "padding" if true_means == "real" else "real"
         raise ValueError(
@@ -150,6 +154,12 @@ def check_mask_convention(model: Any, tokens: Tensor, kpm: Tensor, true_means: s
             " nn.TransformerEncoder), 'real' when True marks real tokens (framework models, Hugging Face attention"
             " masks). A model without padding support needs batch_views=False with k_sampling='per_batch'."
         )
+
+
+def _convention_tolerance(dtype: torch.dtype) -> float:
+    """Relative change of the logits that `check_mask_convention` accepts: 1e-3 in fp32 (and wider types), four
+    rounding steps in a narrower one (bf16: 0.031; padding changes the order of a sum, so low bits may move)."""
+    return max(1e-3, 4 * torch.finfo(dtype).eps) if dtype.is_floating_point else 1e-3
 
 
 class MaskAgnosticLoss(nn.Module):

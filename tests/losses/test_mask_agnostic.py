@@ -302,3 +302,35 @@ def test_the_mdlm_module_hands_its_nelbo_masks_to_the_model_in_the_extra_losss_c
         module._mdlm_loss(rec, {"tokens": tokens, "attention_mask": real}, train=False,
                           generator=torch.Generator().manual_seed(0))
         assert torch.equal(rec.calls[0][1], expected)
+
+
+def _padded_rows(vocab: int, real: int = 20, pad: int = 30):
+    tokens = torch.randint(2, vocab, (2, real + pad), generator=torch.Generator().manual_seed(0))
+    kpm = torch.ones_like(tokens, dtype=torch.bool)
+    kpm[0, real:] = False
+    return tokens, kpm
+
+
+def test_the_convention_check_compares_in_fp32_under_bf16_autocast_and_still_catches_a_reversed_mask():
+    from framework.losses.mask_agnostic import check_mask_convention
+
+    torch.manual_seed(0)  # 4 layers at d=128: bf16 rounding alone moved these logits by 0.0039 (> 1e-3 of them)
+    model = TransformerLM(256, dim=128, depth=4, heads=4, causal=False, max_seq_len=64).eval()
+    tokens, kpm = _padded_rows(256)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        check_mask_convention(model, tokens, kpm)  # reads the mask right: no alarm
+        with pytest.raises(ValueError, match="change by"):
+            check_mask_convention(model, tokens, kpm, true_means="padding")
+        with pytest.raises(ValueError, match="Try mask_true_means='padding'"):
+            check_mask_convention(TorchEncoderLM(), *_padded_rows(VOCAB))
+
+
+def test_a_model_with_bf16_weights_is_checked_at_a_tolerance_of_its_own_rounding():
+    from framework.losses.mask_agnostic import check_mask_convention
+
+    torch.manual_seed(0)
+    model = TransformerLM(256, dim=128, depth=4, heads=4, causal=False, max_seq_len=64).eval().to(torch.bfloat16)
+    tokens, kpm = _padded_rows(256)
+    check_mask_convention(model, tokens, kpm)
+    with pytest.raises(ValueError, match="change by"):
+        check_mask_convention(model, tokens, kpm, true_means="padding")
