@@ -22,9 +22,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be written or used; the message says which file and why."""
+from framework.errors import CheckpointError
 
 
 def named_tensors(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
@@ -120,23 +118,62 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise
 
 
-def load_checkpoint_file(path: str | Path) -> dict[str, Any]:
-    """Open a Lightning checkpoint without unpickling code; a clear `CheckpointError` if it is missing or damaged."""
+#: the first bytes of what `torch.save` writes: a zip archive (the default) or a bare pickle (legacy format)
+_TORCH_SAVE_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
+    """The one reader of checkpoint files: `torch.load(weights_only=True)` on the CPU, nothing unpickled.
+
+    CheckpointError says whether the file is missing, not a torch file at all, or truncated/corrupt/holding code.
+    `mmap=True` maps the tensors instead of reading them (cheap when only a few entries are looked at)."""
     p = Path(path)
     if not p.is_file():
         hint = sorted(x.name for x in p.parent.glob("*.ckpt")) if p.parent.is_dir() else []
         raise CheckpointError(f"checkpoint {p} does not exist" + (f"; that folder has {hint}" if hint else ""))
+    with open(p, "rb") as f:
+        head = f.read(4)
+    if not head.startswith(_TORCH_SAVE_MAGIC):
+        raise CheckpointError(f"{p} is not a checkpoint: it was not written by torch.save / Lightning")
     try:
-        ckpt = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated zip, random bytes, a pickle needing code
+        ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=mmap and head.startswith(b"PK"))
+    except Exception as err:  # truncated zip, random bytes, a pickle needing code: all are refused the same way
         size = p.stat().st_size
         raise CheckpointError(
-            f"checkpoint {p} ({size} bytes) is truncated or corrupt and cannot be read ({type(err).__name__}: "
-            f"{str(err).splitlines()[0][:200]}). Use an earlier checkpoint from the same folder."
+            f"checkpoint {p} ({size} bytes) is truncated or corrupt, or holds more than tensors, and cannot be read"
+            f" with weights_only=True ({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})."
+            " Use an earlier checkpoint from the same folder."
         ) from err
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise CheckpointError(f"{p} is not a Lightning checkpoint (no 'state_dict' entry)")
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(f"{p} holds a {type(ckpt).__name__}, not a checkpoint dictionary")
     return ckpt
+
+
+def load_checkpoint_file(path: str | Path) -> dict[str, Any]:
+    """A Lightning checkpoint (`read_checkpoint`, then it must hold a 'state_dict'); CheckpointError otherwise."""
+    ckpt = read_checkpoint(path)
+    if "state_dict" not in ckpt:
+        raise CheckpointError(f"{path} is not a Lightning checkpoint (no 'state_dict' entry)")
+    return ckpt
+
+
+def newest_finite_checkpoint(paths: Iterable[Path], max_step: int | None = None,
+                             exclude: Iterable[int] = (), prefer: str = "last.ckpt") -> Path | None:
+    """Of `paths`, the checkpoint from the highest step (≤ `max_step`, not in `exclude`) whose weights and optimizer
+    state are all finite; at equal steps the newest file, `prefer` first. None if there is none. Steps are read
+    with `mmap` (no tensor is read until a candidate is checked); unreadable files are skipped."""
+    found = []
+    for path in paths:
+        try:
+            step = int(read_checkpoint(path, mmap=True).get("global_step", -1))
+        except CheckpointError:
+            continue  # a damaged file is no resume point
+        if 0 <= step and (max_step is None or step <= max_step) and step not in set(exclude):
+            found.append((step, path.name == prefer, path.stat().st_mtime, path))
+    for *_, path in sorted(found, key=lambda f: f[:3], reverse=True):
+        if not checkpoint_non_finite(load_checkpoint_file(path))[0]:
+            return path
+    return None
 
 
 def _earlier_checkpoints(path: Path) -> list[str]:
@@ -152,9 +189,11 @@ def _earlier_checkpoints(path: Path) -> list[str]:
     return good
 
 
-def check_checkpoint(path: str | Path, module: torch.nn.Module) -> dict[str, Any]:
-    """Raise `CheckpointError` unless `path` is readable and holds the same parameter names and shapes as `module`."""
-    ckpt = load_checkpoint_file(path)
+def check_checkpoint(path: str | Path, module: torch.nn.Module, ckpt: dict[str, Any] | None = None
+                     ) -> dict[str, Any]:
+    """Raise `CheckpointError` unless `path` (or `ckpt`, already read from it) is a finite checkpoint with the same
+    parameter names and shapes as `module` (a run that grew mid-training passes the grown module)."""
+    ckpt = load_checkpoint_file(path) if ckpt is None else ckpt
     bad, total = checkpoint_non_finite(ckpt)
     if bad:
         good = _earlier_checkpoints(Path(path))
@@ -163,11 +202,6 @@ def check_checkpoint(path: str | Path, module: torch.nn.Module) -> dict[str, Any
             f"(e.g. {bad[0]}): resuming from it would diverge at once. Resume from a finite checkpoint"
             + (f" in the same folder ({', '.join(good)})" if good else "") + " with a lower learning rate."
         )
-    growth = ckpt.get("orthogonal_growth")
-    if isinstance(growth, dict) and growth.get("done"):  # grown mid-run: OrthogonalGrowth rebuilds this shape on load
-        from framework.callbacks.growth import replay_on_copy
-
-        module = replay_on_copy(module, growth)
     saved = {k: tuple(v.shape) for k, v in ckpt["state_dict"].items() if hasattr(v, "shape")}
     own = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     missing = sorted(set(own) - set(saved))

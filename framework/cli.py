@@ -10,7 +10,9 @@ import sys
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 
-from framework.registry import GROUPS, UnknownNameError
+from framework.errors import BadSettingError, UnknownNameError
+from framework.preflight import preflight
+from framework.registry import GROUPS
 
 
 def check_choices(argv: list[str]) -> None:
@@ -42,10 +44,6 @@ def _values(ov) -> list:
         return list(ov.sweep_string_iterator())
     value = ov.value()
     return list(value) if isinstance(value, list) else [value]
-
-
-class BadSettingError(ValueError):
-    """A `key=value` override naming a setting that does not exist, or giving it a value of the wrong type."""
 
 
 def check_settings(argv: list[str], config_name: str = "train") -> None:
@@ -95,38 +93,22 @@ def check_settings(argv: list[str], config_name: str = "train") -> None:
             raise BadSettingError(f"{key}: {str(cause).splitlines()[0]}") from None
 
 
-def exit_on_bad_input(argv: list[str], config_name: str | None = None, preflight: bool = False) -> None:
-    """`check_choices`, `check_settings` (with `config_name`) or, with `preflight=True`, the full preflight
-    (`framework.preflight`: every value, the run dir, init_from), as one `error:` line and exit code 2."""
-    from framework.preflight import PreflightError
-    from framework.preflight import preflight as check_run
-
-    try:
-        if preflight:
-            check_run(argv, config_name or "train")
-            return
-        check_choices(argv)
-        if config_name:
-            check_settings(argv, config_name)
-    except (UnknownNameError, BadSettingError, PreflightError) as err:
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
 def check_command_line(argv: list[str], config_name: str = "train") -> list[str]:
     """Everything `python -m framework.train` checks before Hydra runs: names (did-you-mean), the recipe's values
     fitted to swapped groups (`framework.recipe.fit_to_choices`, with a note), setting keys and types, then the
-    preflight (`framework.preflight`). Bad input: one `error:` line on stderr, SystemExit(2). Returns the argv to
-    run: with `FRAMEWORK_SMOKE=1`, the recipe's smoke overrides come first (`framework.recipe.smoke_overrides`)."""
+    preflight (`framework.preflight`). Bad input raises (UnknownNameError, BadSettingError, PreflightError: exit 2 at
+    the edge). Returns the argv to run: with `FRAMEWORK_SMOKE=1`, the recipe's smoke overrides come first
+    (`framework.recipe.smoke_overrides`)."""
     from framework.recipe import fit_to_choices, smoke_overrides
 
-    exit_on_bad_input(argv)  # names first: an unknown choice gets its did-you-mean
+    check_choices(argv)  # names first: an unknown choice gets its did-you-mean
     for note in fit_to_choices(argv):
         print(f"note: {note}", file=sys.stderr)
-    exit_on_bad_input(argv, config_name)
+    check_choices(argv)
+    check_settings(argv, config_name)
     if os.environ.get("FRAMEWORK_SMOKE", "0") not in ("", "0"):
         # just before the command's own overrides: Hydra takes overrides as one unbroken run of words
         at = next((i for i, a in enumerate(argv) if "=" in a and not a.startswith("-")), len(argv))
         argv = argv[:at] + smoke_overrides(argv) + argv[at:]
-    exit_on_bad_input(argv, config_name, preflight=True)
+    preflight(argv, config_name)
     return argv

@@ -17,14 +17,14 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from framework.diffusion.sampling import REMASKING, ddpm_cache_sample, generate
-from framework.runs import Build, RunDir
+from framework.errors import run_cli
+from framework.rundir import SOURCES, Build, RunDir, resolve_source
 
 BYTES = 256
 PLACEHOLDER = re.compile(rb"\[MASK\]|_{3,}")
@@ -127,39 +127,35 @@ def _mask_id(spec: dict[str, Any]) -> int:
     return int(mask_id) if mask_id is not None else vocab - 1
 
 
-def load_source(source: str, ema: bool = False, build: Build | None = None) -> tuple[nn.Module, int]:
+def load_generator(source: str, ema: bool = False, build: Build | None = None) -> tuple[nn.Module, int]:
     """(model in eval mode, mask id) from a run dir, a `.ckpt` file or a Hub repo id; `ema` picks the EMA weights.
 
-    `build(name, config)` builds the named model (default: the catalog's)."""
-    if build is None:
-        from framework.hub.catalog import build
-    if Path(source).exists():
-        from framework.hub import validate_config
+    `build(name, config)` builds the named model (default: the registered one)."""
+    from framework.hub import from_pretrained, load_config, registered_model, validate_config
 
-        run = RunDir(source)
+    resolved = resolve_source(source)
+    if resolved.is_local:
+        run = RunDir(resolved.value)
         spec = run.spec()
         validate_config({"name": spec.get("name"), "config": spec.get("config", {})})
         mask_id = _mask_id(spec)
-        return run.load(build, ema=ema).eval(), mask_id
-    if source.endswith(".ckpt") or source.startswith((".", "/", "~")) or source.count("/") != 1:
-        raise FileNotFoundError(f"unknown source {source!r}: no such run dir or .ckpt file, and not a Hub repo id"
-                                " ('namespace/name'); valid sources: RUN_DIR, RUN_DIR/checkpoints/X.ckpt, REPO_ID")
+        return run.load(build or registered_model, ema=ema).eval(), mask_id
     from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
-    from framework.hub import check_repo_id, from_pretrained, load_config
-
-    check_repo_id(source)
     try:
         config = load_config(source)  # validated, and refused when causal (below), before the weights download
     except (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as err:
         raise FileNotFoundError(f"unknown source {source!r}: no such run dir or .ckpt here, and no such model on the"
-                                f" Hub ({type(err).__name__}); valid sources: RUN_DIR, a .ckpt file, REPO_ID") from err
+                                f" Hub ({type(err).__name__}); valid sources: {SOURCES}") from err
+    except OSError as err:  # the Hub unreachable or failing
+        raise OSError(f"{source!r} is not a run dir or .ckpt here, and asking the Hub for it failed: "
+                      f"{type(err).__name__}: {' '.join(str(err).split())}") from err
     return from_pretrained(source, build=build), _mask_id(config)
 
 
 # ---- CLI -----------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    """Parse, load, generate, print; exit 2 on refused input and 1 when the Hub fails."""
+    """Parse, load, generate, print; exit codes from `framework.errors` (2 on refused input, 1 when the Hub fails)."""
     parser = argparse.ArgumentParser(prog="python -m framework.generate", description=__doc__.split("\n")[0],
                                      epilog="Infilling: mark gaps with [MASK] (one byte) or ___ (one byte per _).")
     parser.add_argument("source", help="run dir, .ckpt file, or Hub repo id ('namespace/name')")
@@ -179,21 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     length = args.length if args.length is not None else (0 if args.infill else 64)
-    try:
-        model, mask_id = load_source(args.source, ema=args.ema)
-        text = generate_text(model, args.prompt, length, args.steps, args.block_length, args.temperature,
-                             mask_id=mask_id, remasking=args.remasking, infill=args.infill, seed=args.seed)
-    except (ValueError, LookupError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:  # the Hub unreachable or failing
-        print(f"error: {args.source!r} is not a run dir or .ckpt here, and asking the Hub for it failed: "
-              f"{type(err).__name__}: {' '.join(str(err).split())}", file=sys.stderr)
-        return 1
+    return run_cli(lambda: _generate(args, length))
+
+
+def _generate(args: argparse.Namespace, length: int) -> None:
+    model, mask_id = load_generator(args.source, ema=args.ema)
+    text = generate_text(model, args.prompt, length, args.steps, args.block_length, args.temperature,
+                         mask_id=mask_id, remasking=args.remasking, infill=args.infill, seed=args.seed)
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="replace")
     print(text)
-    return 0
 
 
 if __name__ == "__main__":

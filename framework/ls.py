@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from framework.errors import run_cli
 from framework.recipe import CONF_DIR, load_conf, searchpath_folders
 from framework.registry import GROUPS, KINDS, Registry, UnknownNameError, load_catalog
 
@@ -29,15 +30,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help="one name per line, with its description")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args([a for a in argv if not a.lstrip("+").startswith("hydra.searchpath=")])
+    return run_cli(lambda: _list(args, searchpath_folders(argv)), plain=False)
+
+
+def _list(args: argparse.Namespace, conf_folders: list) -> None:
+    """Load the catalog and the YAML recipes, then print the registries `args` asks for."""
     load_catalog()
     load_conf(CONF_DIR)
-    for folder in searchpath_folders(argv):
+    for folder in conf_folders:
         load_conf(folder, store=False)
-    try:
-        registries = [find_kind(args.kind)] if args.kind else list(KINDS.values())
-    except UnknownNameError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    registries = [find_kind(args.kind)] if args.kind else list(KINDS.values())
     for registry in registries:
         kind = registry.kind
         names = registry.names(args.pattern)
@@ -48,7 +50,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{kind:10s} {name:24s} {entry.description}{alias}")
         elif names or args.kind:
             print(f"{kind}: {' '.join(names)}")
-    return 0
 
 
 if __name__ == "__main__":

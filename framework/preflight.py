@@ -11,18 +11,18 @@ and `ckpt_path=` point at something that exists.
 
 from __future__ import annotations
 
-import inspect
 import itertools
-import logging
 import math
 import os
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from framework.build_check import build_parts
+from framework.errors import CheckpointError, InputError, PreflightError
 
 #: Hydra flags after which nothing runs (help, config printing, shell completion): no preflight for them
 NO_RUN_FLAGS = frozenset({"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info", "-sc",
@@ -31,12 +31,6 @@ NO_RUN_FLAGS = frozenset({"-h", "--help", "--hydra-help", "--version", "-c", "--
 #: sweeps larger than this are checked on their first MAX_JOBS combinations only (each check composes once)
 MAX_JOBS = 32
 HUB_TIMEOUT_S = 10.0
-#: where a constructor error is raised (the innermost frame of a chosen component) → the group it belongs to
-PART_GROUPS = ("model", "loss", "optimizer", "scheduler", "sampler", "metric", "module")
-
-
-class PreflightError(ValueError):
-    """A run that would fail, found before anything is written; the message names the setting and what is valid."""
 
 
 def preflight(argv: list[str], config_name: str = "train") -> None:
@@ -47,6 +41,22 @@ def preflight(argv: list[str], config_name: str = "train") -> None:
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     for job in itertools.islice(_jobs(overrides), MAX_JOBS):
         check_job(job, config_name, multirun)
+
+
+def run_dir_of(argv: list[str], config_name: str = "train") -> tuple[Path, str] | None:
+    """Where the run `argv` describes writes (its run dir, or a sweep's dir) and the setting that names it; None for
+    a command that runs nothing (`--cfg`, `--help`, ...) or a config Hydra cannot compose (it reports that)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if NO_RUN_FLAGS.intersection(argv):
+        return None
+    multirun = "-m" in argv or "--multirun" in argv
+    cfg = compose_job([a for a in argv if "=" in a and not a.startswith("-")], config_name, multirun)
+    HydraConfig.instance().cfg = None
+    if cfg is None:
+        return None
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    return Path(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir)), key
 
 
 def _jobs(overrides: list[str]) -> Iterator[list[str]]:
@@ -71,11 +81,13 @@ def compose_job(overrides: list[str], config_name: str = "train", multirun: bool
     """
     from hydra import compose, initialize
     from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     with initialize(version_base="1.3", config_path=None):
         try:
             cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
-        except Exception:  # noqa: BLE001 - composition errors are Hydra's to report, with its own message
+        except (HydraException, OmegaConfBaseException):  # Hydra reports these itself, with its own message
             return None
     with open_dict(cfg):
         run_dir = Path(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
@@ -93,12 +105,17 @@ def check_job(overrides: list[str], config_name: str = "train", multirun: bool =
         return
     try:
         _check_composed(cfg, choices=dict(cfg.hydra.runtime.choices), multirun=multirun)
-    except PreflightError:
-        raise
-    except Exception:  # noqa: BLE001 - not a refused value: the run itself meets it and reports it in full
-        return
+    except (RuntimeError, NotImplementedError) as err:
+        if not _beyond_meta(err):
+            raise
+        # a step the meta device cannot take (e.g. `.item()` on a meta tensor): the run builds for real and meets it
     finally:
         HydraConfig.instance().cfg = None  # the run sets its own; nothing of the check stays behind
+
+
+def _beyond_meta(err: BaseException) -> bool:
+    """True for an error that only building on the meta device raises (the real run does the step for real)."""
+    return isinstance(err, NotImplementedError) or "meta" in str(err).lower()
 
 
 def _check_composed(cfg: DictConfig, choices: dict[str, Any], multirun: bool) -> None:
@@ -106,9 +123,10 @@ def _check_composed(cfg: DictConfig, choices: dict[str, Any], multirun: bool) ->
     check_run_dir(Path(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir)),
                   "hydra.sweep.dir" if multirun else "hydra.run.dir")
     job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-    check_values(job)
+    check_read(job)
+    check_job_values(job)
     check_trainer(job.trainer)
-    build_parts(job, choices)
+    lm = build_parts(job, choices)
     if job.get("init_from"):
         check_init_from(str(job.init_from))
     repo_id = OmegaConf.select(job, "hub.repo_id")
@@ -119,14 +137,25 @@ def _check_composed(cfg: DictConfig, choices: dict[str, Any], multirun: bool) ->
             check_repo_id(str(repo_id))
         except ValueError as err:
             raise PreflightError(f"hub.repo_id={repo_id}: {err}") from None
-    if job.get("ckpt_path") and not Path(str(job.ckpt_path)).is_file():  # the run checks one that exists in full
-        from framework.checkpointing import CheckpointError, load_checkpoint_file
+    if job.get("ckpt_path"):
+        check_ckpt_path(str(job.ckpt_path), lm, Path(str(cfg.hydra.run.dir)))
 
-        try:
-            load_checkpoint_file(str(job.ckpt_path))
-        except CheckpointError as err:
-            raise PreflightError(f"ckpt_path={job.ckpt_path}: {err} (give a .ckpt file, e.g. "
-                                 "outputs/train/<date>_<time>/checkpoints/last.ckpt)") from None
+
+def check_ckpt_path(ckpt_path: str, lm: Any, run_dir: Path) -> None:
+    """`ckpt_path=` (or `auto`) names a finite checkpoint of this very model (`framework.resume.checked_resume`,
+    against the module built on the meta device), so a wrong one leaves no run dir behind."""
+    from framework.checkpointing import load_checkpoint_file
+    from framework.resume import AUTO, checked_resume
+
+    try:
+        if lm is not None:
+            checked_resume(ckpt_path, lm, run_dir)
+        elif ckpt_path != AUTO:
+            load_checkpoint_file(ckpt_path)
+    except (InputError, CheckpointError) as err:
+        message = str(err) if str(err).startswith("ckpt_path=") else f"ckpt_path={ckpt_path}: {err}"
+        raise PreflightError(f"{message} (give a .ckpt file, e.g. outputs/train/<date>_<time>/checkpoints/last.ckpt,"
+                             " or ckpt_path=auto to resume from the run dir's newest checkpoint)") from None
 
 
 def check_run_dir(run_dir: Path, key: str = "hydra.run.dir") -> None:
@@ -144,7 +173,21 @@ def check_run_dir(run_dir: Path, key: str = "hydra.run.dir") -> None:
                              f"({err.strerror or err}); choose a writable {key}=...") from None
 
 
-def check_values(job: DictConfig) -> None:
+def check_read(job: DictConfig) -> None:
+    """Every top-level key is one the run reads (`framework.app.TrainConfig`): `+foo=1` would otherwise be
+    accepted and do nothing. A `+key` inside a part (`+model.foo=1`) meets that part's constructor instead."""
+    from dataclasses import fields
+
+    from framework.app import TrainConfig
+
+    known = {f.name for f in fields(TrainConfig)} - {"defaults"}
+    unread = sorted(str(k) for k in job if k not in known)
+    if unread:
+        raise PreflightError(f"+{unread[0]}=...: nothing reads the setting {unread[0]!r}, so it would be ignored;"
+                             f" the run reads: {', '.join(sorted(known))}")
+
+
+def check_job_values(job: DictConfig) -> None:
     """No NaN anywhere; the seed is an integer numpy and torch accept; threads is a positive integer or null."""
     for key, value in _leaves(OmegaConf.to_container(job, resolve=False)):
         if isinstance(value, float) and math.isnan(value):
@@ -168,16 +211,34 @@ def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, node
 
 
+#: the Trainer arguments whose range Lightning does not check when it is built (it divides by them, or ignores a
+#: negative one): lowest valid value and how to say it
+TRAINER_RANGES = {
+    "max_steps": (1, "an integer >= 1 (0 trains nothing)"),
+    "max_epochs": (1, "an integer >= 1 (0 trains nothing)"),
+    "accumulate_grad_batches": (1, "an integer >= 1 (batches per optimizer step)"),
+    "log_every_n_steps": (1, "an integer >= 1"),
+    "check_val_every_n_epoch": (1, "an integer >= 1, or null"),
+    "gradient_clip_val": (0, "a number >= 0, or null (no clipping)"),
+    "val_check_interval": (1e-12, "> 0: a fraction of an epoch (0, 1] or a number of steps, or null"),
+    "num_nodes": (1, "an integer >= 1"),
+}
+NO_LIMIT = {"max_steps", "max_epochs"}
+
+
 def check_trainer(trainer: DictConfig) -> None:
     """The trainer values a user types most, with the valid range (Lightning checks the rest when it is built)."""
     devices = trainer.get("devices")
     as_int = int(devices) if isinstance(devices, str) and devices.lstrip("-").isdigit() else devices
     if isinstance(as_int, bool) or (isinstance(as_int, int) and (as_int == 0 or as_int < -1)):
         raise PreflightError(f"trainer.devices={devices!r} must be >= 1, or -1 / 'auto' (every available device)")
-    for key in ("max_steps", "max_epochs"):
+    for key, (low, what) in TRAINER_RANGES.items():
         value = trainer.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < -1):
-            raise PreflightError(f"trainer.{key}={value!r} must be an integer >= 0, or -1 for no limit")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        unlimited = key in NO_LIMIT and value == -1
+        if value is not None and not unlimited and (not number or value < low):
+            limit = ", or -1 for no limit" if key in NO_LIMIT else ""
+            raise PreflightError(f"trainer.{key}={value!r} must be {what}{limit}")
     accelerator = trainer.get("accelerator")
     if isinstance(accelerator, str):
         available = available_accelerators()
@@ -198,93 +259,24 @@ def available_accelerators() -> list[str]:
     return names
 
 
-def build_parts(job: DictConfig, choices: dict[str, Any]) -> None:
-    """Build what the run builds (models on the meta device, no data loaded); errors become PreflightError."""
-    from accelerate import init_empty_weights
-    from hydra_zen import instantiate
-
-    from framework.train import assemble
-
-    parts: dict[str, Any] = {}
-    for name in ("data", "model", "module", "optimizer", "scheduler", "loss", "metric", "sampler", "trainer"):
-        with _refusal(name, choices.get(name)):
-            parts[name] = instantiate(job[name]) if job.get(name) is not None else None
-    callbacks = {}
-    for name, node in (job.get("callbacks") or {}).items():
-        with _refusal(f"callbacks.{name}", None):
-            callbacks[name] = instantiate(node)
-    data = parts.pop("data")
-    trainer = parts.pop("trainer")
-    if data is None or parts["module"] is None:
-        return
-    with _refusal(None, choices), init_empty_weights():
-        lm, callbacks = assemble(data=data, callbacks=callbacks, seed=job.seed, choices=choices, **parts)
-        if hasattr(lm, "configure_optimizers"):
-            try:
-                lm.configure_optimizers()
-            except (RuntimeError, NotImplementedError, AttributeError):
-                pass  # needs a running trainer or real tensors: the run checks it when it gets there
-    check_lengths(data, getattr(lm, "model", None), choices)
-    with _refusal("trainer", None), _quiet_lightning():
-        built = trainer(callbacks=list(callbacks.values()), logger=False, enable_progress_bar=False)
-    check_strategy(built, lm, callbacks, job.trainer.get("strategy"))
-
-
-def check_strategy(trainer: Any, lm: Any, callbacks: dict[str, Any], setting: Any) -> None:
-    """Under FSDP2 (`trainer.strategy=fsdp2`) the module must shard itself and train nothing outside its model;
-    a callback with `check_strategy(strategy)` (e.g. orthogonal_growth) says whether it runs under the strategy."""
-    from lightning.pytorch.strategies import ModelParallelStrategy
-
-    from framework.strategies import unshardable
-
-    reason = unshardable(lm) if isinstance(trainer.strategy, ModelParallelStrategy) else None
-    if reason:
-        raise PreflightError(f"trainer.strategy={setting}: {reason}")
-    for name, callback in callbacks.items():
-        try:
-            getattr(callback, "check_strategy", lambda _: None)(trainer.strategy)
-        except NotImplementedError as err:
-            raise PreflightError(f"trainer.strategy={setting}: callbacks.{name}: {err}") from None
-
-
-def check_lengths(data: Any, model: Any, choices: dict[str, Any]) -> None:
-    """The data's sequences fit the model's position table (`max_seq_len`)."""
-    limit = getattr(model, "max_seq_len", None)
-    if not isinstance(limit, int):
-        return
-    seq_len, max_len = getattr(data, "seq_len", None), getattr(data, "max_len", None)
-    if isinstance(seq_len, int) and seq_len > limit:
-        raise PreflightError(f"data.seq_len={seq_len} is longer than model.max_seq_len={limit}, the longest sequence "
-                             f"the model '{choices.get('model')}' takes: set data.seq_len <= {limit} or raise "
-                             "model.max_seq_len")
-    if isinstance(max_len, int) and max_len > limit:
-        raise PreflightError(f"data '{choices.get('data')}' makes sequences of up to {max_len} tokens, longer than "
-                             f"model.max_seq_len={limit}: raise model.max_seq_len to >= {max_len} or shorten the data")
-
-
 def check_init_from(source: str) -> None:
     """`init_from=` names an existing run dir, a `.ckpt` file, or a model repo the Hub has (one short request)."""
-    from framework.runs import LAST_CHECKPOINT
+    from framework.rundir import LAST_CHECKPOINT, resolve_source
 
-    path = Path(source)
-    if path.is_dir():
-        if not (path / LAST_CHECKPOINT).is_file():
+    try:
+        resolved = resolve_source(source)
+    except FileNotFoundError as err:
+        raise PreflightError(f"init_from={source}: {err}") from None
+    if resolved.kind == "run_dir":
+        if not (Path(source) / LAST_CHECKPOINT).is_file():
             raise PreflightError(f"init_from={source}: the run dir has no {LAST_CHECKPOINT}")
         return
-    if path.is_file():
+    if resolved.is_local:
         return
-    if path.suffix == ".ckpt":
-        raise PreflightError(f"init_from={source}: no such checkpoint file")
     from huggingface_hub import HfApi, constants, try_to_load_from_cache
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
-    from framework.hub import check_repo_id
-
     what = f"init_from={source}: no such local run dir or .ckpt file"
-    try:
-        check_repo_id(source)
-    except ValueError:
-        raise PreflightError(f"{what}, and not a Hub repo id ('namespace/name')") from None
     cached = isinstance(try_to_load_from_cache(source, "config.json"), str)
     if constants.HF_HUB_OFFLINE:
         if not cached:
@@ -301,69 +293,6 @@ def check_init_from(source: str) -> None:
         if not cached:
             raise PreflightError(f"{what}, and the Hub at {constants.ENDPOINT} cannot be reached to look for "
                                  f"'{source}' ({type(err).__name__}: {err})") from None
-
-
-@contextmanager
-def _refusal(group: str | None, choice: Any) -> Iterator[None]:
-    """Turn a constructor's ValueError/TypeError (and Lightning's MisconfigurationException) into a PreflightError
-    naming the group and choice. With `group=None`, `choice` is the choices dict and the group is found from the
-    traceback (the innermost frame inside a chosen component)."""
-    from hydra.errors import InstantiationException
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-    try:
-        yield
-    except PreflightError:
-        raise
-    except (ValueError, TypeError, MisconfigurationException, InstantiationException) as err:
-        cause = err
-        while isinstance(cause, InstantiationException) and cause.__cause__ is not None:
-            cause = cause.__cause__
-        refused = isinstance(cause, (ValueError, TypeError, MisconfigurationException))
-        if not refused or "meta tensor" in str(cause).lower():
-            raise  # not a refused value (an import problem, a step meta tensors cannot take): check_job skips it
-        if group is None:
-            group = _group_of(cause, choice)
-            choice = choice.get(group) if group else None
-        where = f"{group} '{choice}': " if group and choice else (f"{group}: " if group else "")
-        raise PreflightError(where + " ".join(str(cause).split())) from None
-
-
-def _group_of(err: BaseException, choices: dict[str, Any]) -> str | None:
-    """The group whose chosen component raised `err`: the innermost traceback frame that runs inside it."""
-    from framework.registry import GROUPS
-
-    targets: dict[str, Any] = {}
-    for group in PART_GROUPS:
-        name = choices.get(group)
-        if isinstance(name, str) and name in GROUPS.get(group, ()):
-            targets[group] = GROUPS[group].get(name)
-    frames = []
-    tb = err.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    for frame in reversed(frames):
-        owner = frame.f_locals.get("self")
-        for group, target in targets.items():
-            if (inspect.isclass(target) and isinstance(owner, target)) or getattr(target, "__code__", None) is \
-                    frame.f_code:
-                return group
-    return None
-
-
-@contextmanager
-def _quiet_lightning() -> Iterator[None]:
-    """Silence Lightning's 'GPU available...' lines while the preflight builds a Trainer (the run prints them)."""
-    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
 
 
 __all__ = ["PreflightError", "preflight", "check_job", "compose_job", "check_run_dir", "check_init_from"]

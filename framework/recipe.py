@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from framework.errors import InputError
 from framework.registry import RECIPES, ZEN_STORE
 
 #: the YAML side of the app (Hydra settings, sizes, presets and YAML recipes): the repository's top-level conf/ (a
@@ -100,6 +101,20 @@ def flattened(path: str) -> DictConfig:
 _loaded: set[Path] = set()
 
 
+def _parse_yaml(file: Path, text: str) -> Any:
+    """The YAML of `file` as an OmegaConf node; InputError naming the file and the line when it does not parse."""
+    import yaml
+
+    try:
+        return OmegaConf.create(text)
+    except (yaml.YAMLError, ValueError) as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{file}:{mark.line + 1}" if mark is not None else str(file)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise InputError(f"{where}: not valid YAML ({problem}); fix the file or move it out of the conf folder")\
+            from None
+
+
 def load_conf(folder: Path = CONF_DIR, store: bool = True) -> list[str]:
     """Read a conf folder's YAML: `recipe/*.yaml` become recipes (the first comment line is the description),
     `size/` and `preset/` the size group and presets (all three at package `_global_`). With `store` (the app's own
@@ -117,7 +132,7 @@ def load_conf(folder: Path = CONF_DIR, store: bool = True) -> list[str]:
     for file in sorted(folder.rglob("*.yaml")):
         path = file.relative_to(folder).with_suffix("").as_posix()
         text = file.read_text()
-        node = OmegaConf.create(text)
+        node = _parse_yaml(file, text)
         if path == "hydra/config" and store:
             ZEN_STORE(OmegaConf.merge(OmegaConf.structured(HydraConf), node), group="hydra", name="config")
         elif path.startswith("recipe/") and path.count("/") == 1:

@@ -8,16 +8,15 @@ kind, so `optimizer=adamw optimizer.lr=1e-3` works on the command line. The entr
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
-import importlib
 import inspect
-import pkgutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra_zen import ZenStore, builds
+
+from framework.errors import UnknownNameError
 
 __all__ = [
     "Registry",
@@ -35,26 +34,12 @@ __all__ = [
     "SAMPLERS",
     "DATA",
     "RECIPES",
+    "STRATEGIES",
     "load_catalog",
 ]
 
 #: The store every framework registry writes to; `framework.train` adds it to Hydra's config store.
 ZEN_STORE = ZenStore(name="framework", deferred_to_config=True, deferred_hydra_store=True)
-
-
-class UnknownNameError(LookupError):
-    """An unknown registry name: says the kind, the bad name, the closest matches and every valid name."""
-
-    def __init__(self, kind: str, name: str, known: list[str]):
-        self.kind, self.name, self.known = kind, name, sorted(known)
-        self.matches = difflib.get_close_matches(name, self.known, n=3, cutoff=0.6)
-        hint = f" Did you mean {' or '.join(repr(m) for m in self.matches)}?" if self.matches else ""
-        super().__init__(
-            f"Unknown {kind} {name!r}.{hint} Valid {kind} names: {', '.join(self.known) or '(none)'}"
-        )
-
-    def __str__(self) -> str:  # LookupError would otherwise print the args tuple
-        return self.args[0]
 
 
 @dataclass(frozen=True)
@@ -215,24 +200,36 @@ CALLBACKS = Registry("callback", group="callbacks", package="callbacks.{name}") 
 SAMPLERS = Registry("sampler", partial=True)
 DATA = Registry("data")
 RECIPES = Registry("recipe", store=None)  # stored by framework.recipe.recipe() into group "recipe"
+#: our Lightning strategies (also in Lightning's own registry, so `trainer.strategy=NAME` takes them, as it takes
+#: Lightning's `ddp`, `fsdp`, ...); listed by `python -m framework.ls`, not a Hydra group
+STRATEGIES = Registry("strategy", group="trainer.strategy", store=None)
 
 KINDS: dict[str, Registry] = {
     r.kind: r
-    for r in (MODELS, MODULES, OPTIMIZERS, SCHEDULERS, LOSSES, METRICS, CALLBACKS, SAMPLERS, DATA, RECIPES)
+    for r in (MODELS, MODULES, OPTIMIZERS, SCHEDULERS, LOSSES, METRICS, CALLBACKS, SAMPLERS, DATA, RECIPES, STRATEGIES)
 }
 #: Hydra group name → registry (the command line speaks in groups: `callbacks=[...]`).
-GROUPS: dict[str, Registry] = {r.group: r for r in KINDS.values()}
+GROUPS: dict[str, Registry] = {r.group: r for r in KINDS.values() if r is not STRATEGIES}
 
+#: the entry-point group that catalog packages register under (pyproject.toml: `framework.catalog` and
+#: `framework.recipes`); another package can add its own components and recipes the same way
+CATALOG_ENTRY_POINTS = "framework.catalog"
 _loaded = False
 
 
 def load_catalog() -> None:
-    """Import every catalog module (`framework.catalog.*`, then `framework.recipes.*`) once."""
+    """Import every package registered under the `framework.catalog` entry point once (each registers its names
+    on import). The machinery does not name the catalog: the distribution's metadata does."""
+    from importlib.metadata import entry_points
+
     global _loaded
     if _loaded:
         return
+    found = sorted(entry_points(group=CATALOG_ENTRY_POINTS), key=lambda e: e.name)
+    if not found:
+        raise RuntimeError(f"no package is registered under the {CATALOG_ENTRY_POINTS!r} entry point, so no names can"
+                           " be loaded: reinstall framework (`make install`, or `pip install -e .` in the repository)"
+                           " so its metadata lists framework.catalog and framework.recipes")
     _loaded = True
-    for pkg_name in ("framework.catalog", "framework.recipes"):
-        pkg = importlib.import_module(pkg_name)
-        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
-            importlib.import_module(f"{pkg_name}.{info.name}")
+    for entry in found:
+        entry.load()

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from huggingface_hub import HfApi
+from support.local_hub import LocalHub, patch_client
 
-from framework.testing.local_hub import LocalHub, patch_client
-from framework.train import register_app
+from framework.app import register_app
 
 register_app()
 torch.set_num_threads(1)

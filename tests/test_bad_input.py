@@ -21,6 +21,7 @@ import torch
 from helpers import REPO
 
 from framework.cli import BadSettingError, check_choices, check_command_line, check_settings
+from framework.errors import InputError, report_and_exit
 from framework.preflight import preflight
 from framework.recipe import SMOKE
 from framework.registry import GROUPS, KINDS, UnknownNameError, load_catalog
@@ -138,6 +139,7 @@ BAD: dict[tuple[str, str], tuple | None] = {
     ("model", "moe_transformer"): (list, {"vocab_size": 10, "dim": 32, "heads": 2, "num_experts": 4, "top_k": 5},
                                    r"top_k=5 must be between 1 and num_experts=4"),
     ("callback", "orthogonal_growth"): (list, {"depth_factor": 0}, r"depth_factor=0 must be an integer >= 1"),
+    ("strategy", "fsdp2"): (list, {"tensor_parallel_size": 2}, r"tensor_parallel_size=2: .* valid: 1"),
 }
 
 
@@ -208,13 +210,23 @@ OUT_OF_RANGE = [  # (override, what the one error line must say: the setting, it
     ("ckpt_path=nowhere/last.ckpt", r"ckpt_path=nowhere/last\.ckpt: checkpoint nowhere/last\.ckpt does not exist"),
     ("hub.repo_id=no-namespace", r"hub\.repo_id=no-namespace: invalid Hub repo id 'no-namespace'"),
     ("init_from=nowhere/last.ckpt", r"init_from=nowhere/last\.ckpt: no such checkpoint file"),
+    # issue 25: values that got past the preflight, then failed or were silently ignored
+    ("trainer.accumulate_grad_batches=0", r"trainer\.accumulate_grad_batches=0 must be an integer >= 1"),
+    ("trainer.max_steps=0", r"trainer\.max_steps=0 must be an integer >= 1 \(0 trains nothing\), or -1"),
+    ("trainer.gradient_clip_val=-1", r"trainer\.gradient_clip_val=-1 must be a number >= 0, or null"),
+    ("trainer.val_check_interval=0", r"trainer\.val_check_interval=0 must be > 0"),
+    ("trainer.log_every_n_steps=0", r"trainer\.log_every_n_steps=0 must be an integer >= 1"),
+    ("+foo=1", r"\+foo=\.\.\.: nothing reads the setting 'foo', so it would be ignored; the run reads: callbacks,"),
+    ("optimizer.lr=abc", r"optimizer\.lr='abc' is not a number: AdamW takes lr: float"),
+    ("ckpt_path=/etc/passwd", r"ckpt_path=/etc/passwd: /etc/passwd is not a checkpoint: it was not written by "
+                              r"torch\.save"),
 ]
 
 
 def _refused(args: list[str], capsys) -> str:
     """Run the CLI's checks on `args` in this process (what `main()` does before Hydra); the one stderr line."""
     with pytest.raises(SystemExit) as exit_:
-        check_command_line(args)
+        report_and_exit(check_command_line, args)  # what `main()` does before Hydra
     err = capsys.readouterr().err
     assert exit_.value.code == 2, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
@@ -305,17 +317,17 @@ def test_cli_refuses_a_bad_checkpoint_before_training_and_leaves_it_alone(tmp_pa
     if damage == "truncated":
         torch.save({"state_dict": {"w": torch.zeros(1000)}}, ckpt)
         ckpt.write_bytes(ckpt.read_bytes()[:300])
-        expected = r"error: checkpoint .*step000004\.ckpt \(300 bytes\) is truncated or corrupt"
+        expected = r"error: ckpt_path=\S+: checkpoint .*step000004\.ckpt \(300 bytes\) is truncated or corrupt"
     else:
         torch.save({"state_dict": {"model.tok.weight": torch.zeros(7, 3)}, "global_step": 4}, ckpt)
-        expected = (r"error: checkpoint .*step000004\.ckpt was saved from a different model: \d+ parameters missing "
-                    r"\(e\.g\. model\.\S+\); 1 unexpected \(e\.g\. model\.tok\.weight\)")
+        expected = (r"error: ckpt_path=\S+: checkpoint .*step000004\.ckpt was saved from a different model: "
+                    r"\d+ parameters missing \(e\.g\. model\.\S+\); 1 unexpected \(e\.g\. model\.tok\.weight\)")
     before = ckpt.read_bytes()
     run_dir = tmp_path / "run"
     proc = _cli("recipe=char_lm", *SMOKE["char_lm"], f"ckpt_path={ckpt}", f"hydra.run.dir={run_dir}")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert re.search(expected, proc.stderr.strip().splitlines()[-1]), proc.stderr[-2000:]
-    assert ckpt.read_bytes() == before and not (run_dir / "checkpoints").exists()
+    assert ckpt.read_bytes() == before and not run_dir.exists()  # refused before Hydra wrote anything
 
 
 def test_cli_ctrl_c_writes_a_checkpoint_prints_the_resume_command_and_it_resumes(tmp_path):
@@ -344,12 +356,12 @@ def test_cli_ctrl_c_writes_a_checkpoint_prints_the_resume_command_and_it_resumes
 
 
 def test_a_build_failure_that_is_no_refused_value_leaves_the_run_to_report_it(monkeypatch, tmp_path):
-    import framework.train
+    import framework.assembly
 
     def meta_only_failure(*args, **kwargs):
         raise RuntimeError("Tensor.item() cannot be called on meta tensors")
 
-    monkeypatch.setattr(framework.train, "assemble", meta_only_failure)
+    monkeypatch.setattr(framework.assembly, "assemble", meta_only_failure)
     preflight(["recipe=char_lm", f"hydra.run.dir={tmp_path / 'run'}"])  # no error: the real run builds for real
-    with pytest.raises(SystemExit):  # while refused values are still refused before it
+    with pytest.raises(InputError):  # while refused values are still refused before it
         check_command_line(["recipe=char_lm", "seed=abc", f"hydra.run.dir={tmp_path / 'run'}"])

@@ -48,8 +48,8 @@ def test_every_recipe_composes_at_every_size(hydra, name):
 #: The library's public component packages and modules: importing any of them must not import Hydra or the catalog.
 COMPONENTS = ["framework.optim", "framework.losses", "framework.metrics", "framework.callbacks", "framework.samplers",
               "framework.probes", "framework.models", "framework.modules", "framework.data", "framework.checkpointing",
-              "framework.hub", "framework.runs"]
-BRIDGES = {"framework.hub.catalog"}  # the entry points' adapter: it imports the catalog on purpose
+              "framework.hub", "framework.rundir"]
+BRIDGES: set[str] = set()  # modules allowed to import the catalog: none (load_catalog finds it by entry point)
 IMPORT_EACH = """
 import importlib, json, pkgutil, sys
 FORBIDDEN = ("hydra", "hydra_zen", "framework.catalog", "framework.recipes")

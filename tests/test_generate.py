@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 from helpers import run_cli
+from support.local_hub import LocalHub, patch_client
 
-from framework.generate import encode, generate_text, generate_tokens, load_source, main
+from framework.generate import encode, generate_text, generate_tokens, load_generator, main
 from framework.hub import push_to_hub
-from framework.testing.local_hub import LocalHub, patch_client
 
 TINY = ["threads=1", "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=2",
         "trainer.enable_progress_bar=false", "data.max_bytes=60000", "model.dim=32", "model.depth=1",
@@ -38,7 +38,7 @@ def test_cli_prints_the_prompt_followed_by_generated_text(run_dir):
 
 
 def test_generation_appends_exactly_length_bytes_and_leaves_no_mask(run_dir):
-    model, mask_id = load_source(str(run_dir))
+    model, mask_id = load_generator(str(run_dir))
     for block_length, temperature in ((None, 0.0), (4, 0.0), (8, 1.0)):
         tokens = generate_tokens(model, "Hi", 16, 8, block_length, temperature, mask_id=mask_id, seed=3)
         assert tokens.shape == (18,) and bytes(tokens[:2].tolist()) == b"Hi"
@@ -48,7 +48,7 @@ def test_generation_appends_exactly_length_bytes_and_leaves_no_mask(run_dir):
 
 
 def test_infill_keeps_every_given_byte_and_fills_every_gap(run_dir, capsys):
-    model, mask_id = load_source(str(run_dir))
+    model, mask_id = load_generator(str(run_dir))
     prompt = "ab___cd[MASK]e"
     assert encode(prompt, mask_id, infill=True) == [97, 98, 256, 256, 256, 99, 100, 256, 101]
     tokens = generate_tokens(model, prompt, 0, 8, mask_id=mask_id, infill=True)
@@ -61,7 +61,7 @@ def test_infill_keeps_every_given_byte_and_fills_every_gap(run_dir, capsys):
 
 def test_ema_weights_are_loaded_on_request(run_dir):
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    model, _ = load_source(str(run_dir / "checkpoints" / "last.ckpt"), ema=True)
+    model, _ = load_generator(str(run_dir / "checkpoints" / "last.ckpt"), ema=True)
     assert torch.equal(model.embed.weight, ckpt["ema.embed.weight"])
     assert not torch.equal(model.embed.weight, ckpt["model.embed.weight"])  # 4 steps moved the raw weights
 
@@ -99,7 +99,7 @@ def test_lora_fine_tune_from_init_from_trains_adapters_only_and_generates(run_di
     assert sorted(plain) == sorted(k for k in base if k.startswith("model."))
     assert all(torch.equal(tuned[k], base[k]) for k in plain)  # frozen: the pretrained weights are untouched
     assert any(tuned[k].abs().sum() > 0 for k in tuned if k.endswith("lora_B"))
-    model, mask_id = load_source(str(tmp_path))  # the adapters are merged into a plain model on load
+    model, mask_id = load_generator(str(tmp_path))  # the adapters are merged into a plain model on load
     assert not torch.equal(model.blocks[0].attn.q.weight, base["model.blocks.0.attn.q.weight"])
     assert generate_text(model, "Hi", 8, 8, mask_id=mask_id).startswith("Hi")
 

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from huggingface_hub import HfApi, ModelCard, hf_hub_download, snapshot_download, try_to_load_from_cache
+from support.local_hub import LocalHub, patch_client
 
 from framework.hub import (
     HubPushError,
@@ -35,7 +36,6 @@ from framework.hub import (
 from framework.models.transformer import TransformerLM
 from framework.plots import plot_training_curves, read_metrics_csv
 from framework.registry import MODELS
-from framework.testing.local_hub import LocalHub, patch_client
 
 TINY = ["threads=1", "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=2",
         "trainer.enable_progress_bar=false", "data.max_bytes=60000", "model.dim=32", "model.depth=1",

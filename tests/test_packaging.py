@@ -1,5 +1,5 @@
 """pyproject.toml installs every package of the tree, with `registry/`, `recipes/` and `conf/` inside the framework
-namespace; a built wheel runs a recipe at a conf/ size."""
+namespace; a built wheel runs a recipe at a conf/ size and carries no test code."""
 
 import site
 import subprocess
@@ -30,13 +30,33 @@ def test_the_catalog_and_recipes_import_from_the_top_level_folders():
     assert Path(framework.recipes.__file__).parent == ROOT / "recipes"
 
 
-def test_a_built_wheel_carries_conf_and_composes_a_recipe_at_a_conf_size(tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel `pip wheel` builds from this checkout (built once for the module)."""
+    out = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w",
+                            str(out), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    (path,) = out.glob("framework-*.whl")
+    return path
+
+
+def test_a_built_wheel_carries_no_test_code(wheel):
+    """Test-support code (the local Hub server, fault injection: tests/support/) and the tests stay out of it."""
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+    top = {n.split("/")[0] for n in names}
+    assert {t for t in top if not t.endswith(".dist-info")} == {"framework"}, top  # no tests/, no support/
+    support = {p.name for p in (ROOT / "tests" / "support").glob("*.py") if p.name != "__init__.py"}
+    assert support, "tests/support/ moved? update this test"
+    leaked = [n for n in names if n.startswith(("framework/testing/", "framework/tests/", "framework/support/"))
+              or "/tests/" in n or "/support/" in n or n.rsplit("/", 1)[-1] in support or "local_hub" in n]
+    assert leaked == []
+
+
+def test_a_built_wheel_carries_conf_and_composes_a_recipe_at_a_conf_size(wheel, tmp_path):
     """The wheel holds every conf/ YAML as framework/conf/; unpacked and imported without the editable install
     (`python -S`, site-packages on PYTHONPATH), `--cfg job` shows `size=smoke`'s values from conf/preset/."""
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w",
-                            str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stderr[-3000:]
-    (wheel,) = tmp_path.glob("framework-*.whl")
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         z.extractall(tmp_path / "pkg")

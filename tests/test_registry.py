@@ -1,7 +1,7 @@
 import pytest
 from hydra_zen import ZenStore, instantiate
 
-from framework.registry import KINDS, Registry, UnknownNameError
+from framework.registry import GROUPS, KINDS, Registry, UnknownNameError
 
 
 class Widget:
@@ -110,6 +110,22 @@ def test_partial_registry_leaves_required_arguments_for_build_time():
 
 def test_every_kind_has_one_registry_with_a_hydra_group():
     assert set(KINDS) == {
-        "model", "module", "optimizer", "scheduler", "loss", "metric", "callback", "sampler", "data", "recipe"
+        "model", "module", "optimizer", "scheduler", "loss", "metric", "callback", "sampler", "data", "recipe",
+        "strategy",
     }
     assert KINDS["callback"].group == "callbacks"
+    assert set(GROUPS) == {r.group for r in KINDS.values()} - {"trainer.strategy"}  # a Trainer value, not a group
+
+
+def test_ls_lists_the_fsdp2_strategy_lightning_takes_by_name():
+    import subprocess
+    import sys
+
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    out = subprocess.run([sys.executable, "-m", "framework.ls", "strategy"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "strategy: fsdp2", out.stderr[-2000:]
+    import framework.strategies  # noqa: F401 - registers it with Lightning too
+
+    assert "fsdp2" in StrategyRegistry.available_strategies()

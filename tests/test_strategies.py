@@ -132,10 +132,11 @@ REFUSED = [  # (recipe, what the one error line says): FSDP2 would leave trained
 def test_a_recipe_fsdp2_cannot_run_is_refused_in_one_line_before_anything_is_written(recipe, expected, tmp_path,
                                                                                      capsys):
     from framework.cli import check_command_line
+    from framework.errors import report_and_exit
 
     run_dir = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_:
-        check_command_line([f"recipe={recipe}", "trainer.strategy=fsdp2", "trainer.devices=2",
+        report_and_exit(check_command_line, [f"recipe={recipe}", "trainer.strategy=fsdp2", "trainer.devices=2",
                             f"hydra.run.dir={run_dir}"])
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and len(err.splitlines()) == 1, err

@@ -180,8 +180,8 @@ def _built_by_train(overrides: list[str], run_dir) -> dict:
     from hydra_zen import instantiate
     from omegaconf import DictConfig, OmegaConf
 
+    from framework.pipeline import train
     from framework.preflight import compose_job
-    from framework.train import train
 
     with fitted_recipe(overrides):
         cfg = compose_job([*overrides, f"hydra.run.dir={run_dir}"])

@@ -26,9 +26,9 @@ from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 
+from framework.callbacks.growth_events import expand_schedule, replay_on_copy
 from framework.grow.ops import (
     DEFAULT_ZERO_PATTERNS,
-    DEPTH_METHODS,
     Growth,
     count_params,
     find_moe_layers,
@@ -36,13 +36,14 @@ from framework.grow.ops import (
     norm_profile,
     transfer_optimizer_state,
 )
+from framework.rundir import GROWTH_KEY
 
 OPTIMIZER_STATES = ("reset", "duplicate")
-CHECKPOINT_KEY = "orthogonal_growth"
+CHECKPOINT_KEY = GROWTH_KEY  # where a checkpoint records the grown architecture (the run dir layout)
 _APPLIED = "_orthogonal_growth_applied"  # set on the LightningModule: how many growth events its model has had
-_EVENT_KEYS = ("at_step", "at_epoch", "depth_factor", "depth_method", "ignore_first", "ignore_last",
-               "zero_init_copies", "width_factor", "noise_alpha", "seed")
-_STRUCTURE_KEYS = ("depth_factor", "depth_method", "ignore_first", "ignore_last", "width_factor")
+
+# replay_on_copy lived here first: importing it from here still works
+__all__ = ["CHECKPOINT_KEY", "OPTIMIZER_STATES", "OrthogonalGrowth", "replay_on_copy"]
 
 
 class OrthogonalGrowth(L.Callback):
@@ -84,22 +85,7 @@ class OrthogonalGrowth(L.Callback):
         base = dict(at_step=at_step, at_epoch=at_epoch, depth_factor=depth_factor, depth_method=depth_method,
                     ignore_first=ignore_first, ignore_last=ignore_last, zero_init_copies=zero_init_copies,
                     width_factor=width_factor, noise_alpha=noise_alpha, seed=seed)
-        items = list(schedule) if schedule else [{}]
-        self.events: list[dict[str, Any]] = []
-        for i, item in enumerate(items):
-            unknown = sorted(set(item) - set(_EVENT_KEYS))
-            if unknown:
-                raise ValueError(f"schedule[{i}] has unknown keys {unknown}; valid: {', '.join(_EVENT_KEYS)}")
-            if schedule and ("at_step" in item or "at_epoch" in item):
-                event = {**base, "at_step": None, "at_epoch": None, **item}
-            else:
-                event = {**base, **item}
-            event["seed"] = int(event["seed"]) + (i if "seed" not in item else 0)
-            self.events.append(_check_event(event, i))
-        for key in ("at_step", "at_epoch"):
-            times = [e[key] for e in self.events if e[key] is not None]
-            if times != sorted(times):
-                raise ValueError(f"schedule {key} values {times} must be in growth order (non-decreasing)")
+        self.events = expand_schedule(base, schedule)
         self.optimizer_state, self.model_attr, self.layers_attr = optimizer_state, model_attr, layers_attr
         self.zero_patterns, self.measure_batches = tuple(zero_patterns), int(measure_batches)
         self.norm_part, self.plot = norm_part, bool(plot)
@@ -315,22 +301,6 @@ class OrthogonalGrowth(L.Callback):
                                 record["norm_profile_after"]}, root / f"growth_norm_profile{suffix}.png")
 
 
-def replay_on_copy(pl_module: nn.Module, record: dict[str, Any]) -> nn.Module:
-    """A meta-device copy of `pl_module` with the growth a checkpoint records applied: the module the checkpoint's
-    weights will load into (shapes only, no memory; used to check a checkpoint before training resumes)."""
-    tensors = [*pl_module.parameters(), *pl_module.buffers()]
-    memo: dict[int, Any] = {id(t): nn.Parameter(torch.empty_like(t, device="meta"), requires_grad=t.requires_grad)
-                            if isinstance(t, nn.Parameter) else torch.empty_like(t, device="meta") for t in tensors}
-    clone = copy.deepcopy(pl_module, memo)
-    model_attr = record.get("model_attr", "model")
-    model = getattr(clone, model_attr) if model_attr else clone
-    for event in record.get("done", []):
-        grow(model, depth_factor=event["depth_factor"], depth_method=event["depth_method"],
-             ignore_first=event["ignore_first"], ignore_last=event["ignore_last"], width_factor=event["width_factor"],
-             noise_alpha=0.0, layers_attr=record.get("layers_attr", "blocks"))
-    return clone
-
-
 def _continue_schedule(old: Any, new: Any) -> None:
     """Make `new` (built at step 0 over the new optimizer) continue where `old` was, then apply its lrs."""
     optimizer = new.optimizer
@@ -360,24 +330,3 @@ def _check_arity(fn: Callable[..., Any], n: int, what: str, valid: str) -> None:
     except TypeError as err:
         raise TypeError(f"OrthogonalGrowth cannot measure the loss with {what}, whose signature is {signature}"
                         f" ({err}); it needs {valid}") from None
-
-
-def _check_event(event: dict[str, Any], index: int) -> dict[str, Any]:
-    where = f"schedule[{index}]: " if index else ""
-    if (event["at_step"] is None) == (event["at_epoch"] is None):
-        raise ValueError(f"{where}set exactly one of at_step or at_epoch (got at_step={event['at_step']},"
-                         f" at_epoch={event['at_epoch']})")
-    for key in ("at_step", "at_epoch"):
-        if event[key] is not None and (isinstance(event[key], bool) or int(event[key]) < 0):
-            raise ValueError(f"{where}{key}={event[key]!r} must be an integer >= 0")
-    for key in ("depth_factor", "width_factor"):
-        if isinstance(event[key], bool) or not isinstance(event[key], int) or event[key] < 1:
-            raise ValueError(f"{where}{key}={event[key]!r} must be an integer >= 1")
-    if event["depth_method"] not in DEPTH_METHODS:
-        raise ValueError(f"{where}depth_method={event['depth_method']!r} is invalid; valid: {', '.join(DEPTH_METHODS)}")
-    if event["ignore_first"] < 0 or event["ignore_last"] < 0:
-        raise ValueError(f"{where}ignore_first={event['ignore_first']}, ignore_last={event['ignore_last']}"
-                         " must be >= 0")
-    if not event["noise_alpha"] >= 0:
-        raise ValueError(f"{where}noise_alpha={event['noise_alpha']!r} must be >= 0")
-    return {k: event[k] for k in _EVENT_KEYS}

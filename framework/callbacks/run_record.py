@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,9 @@ from typing import Any
 import lightning as L
 
 from framework import __version__
-from framework.runs import RESULTS_NAME, SPEC_NAME
+from framework.rundir import RESULTS_NAME, SPEC_NAME
 
-#: the run's own log lines (the summary): Hydra's job log file gets them (see `framework.run_log`)
+#: the run's own log lines (the summary): Hydra's job log file gets them (see `framework.console`)
 log = logging.getLogger("framework.run")
 
 
@@ -42,6 +43,7 @@ class RunRecord(L.Callback):
                metrics: dict[str, float]) -> dict[str, Any]:
         """Write the finished run's record (and print its summary on rank 0); returns the results."""
         results = {
+            "status": "finished",
             "recipe": self.choices.get("recipe"),
             "choices": self.choices,
             "metrics": metrics,
@@ -66,11 +68,13 @@ class RunRecord(L.Callback):
             self._write(f"results.rank{trainer.global_rank}.json", results)
         return results
 
-    def interrupted(self, trainer: L.Trainer, checkpoint: str) -> None:
-        """Record a Ctrl-C stop: the metrics so far, the checkpoint and the command that resumes from it."""
+    def interrupted(self, trainer: L.Trainer, checkpoint: str, signum: int | None = None) -> None:
+        """Record a stop on request (Ctrl-C, SIGTERM, SIGUSR1): the metrics so far, the step, the signal, the
+        checkpoint and the command that resumes from it."""
         if trainer.is_global_zero:
             self._write(RESULTS_NAME, {
-                "interrupted": True, "global_step": trainer.global_step, "metrics": numbers(trainer.callback_metrics),
+                "status": "interrupted", "interrupted": True, "signal": signal.Signals(signum).name if signum else None,
+                "global_step": trainer.global_step, "metrics": numbers(trainer.callback_metrics),
                 "checkpoint": checkpoint, "resume": f"{self.resume_command} ckpt_path={checkpoint}",
                 "resumed_from": self.resumed_from,
             })

@@ -3,8 +3,8 @@
 `StopOnNonFinite`: a NaN/inf training loss, or an optimizer step that leaves NaN/inf in the weights or the optimizer
 state, stops training at that step with a message that names it, before the checkpoint callbacks of the same step
 run (Lightning calls `ModelCheckpoint` last), so the last checkpoint on disk is the last good one.
-`GracefulInterrupt`: the first Ctrl-C (SIGINT) finishes the current step, writes a checkpoint and stops; the resume
-command is printed. A second Ctrl-C interrupts at once.
+`GracefulInterrupt`: the first Ctrl-C (SIGINT), SIGTERM or SIGUSR1 finishes the current step, writes a checkpoint and
+stops; the resume command is printed. The same signal again interrupts at once.
 """
 
 from __future__ import annotations
@@ -19,11 +19,8 @@ from typing import Any
 import lightning as L
 import torch
 
-from framework.checkpointing import all_finite, checkpoint_non_finite, load_checkpoint_file, non_finite
-
-
-class NonFiniteLossError(RuntimeError):
-    """Training produced a NaN or infinite loss; the message names the step and the checkpoint to resume from."""
+from framework.checkpointing import all_finite, newest_finite_checkpoint, non_finite
+from framework.errors import NonFiniteLossError
 
 
 def _any_rank(trainer: L.Trainer, flag: bool) -> bool:
@@ -49,19 +46,9 @@ def usable_checkpoint(trainer: L.Trainer, max_step: int, exclude: set[int] | fro
     folder = Path(cb.dirpath) if cb is not None and getattr(cb, "dirpath", None) else None
     if folder is None or not folder.is_dir():
         return None
-    last = Path(getattr(cb, "last_model_path", "") or "").name
-    found = []
-    for path in folder.glob("*.ckpt"):
-        try:  # mmap: reads the step without reading the tensors
-            step = int(torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("global_step", -1))
-        except Exception:
-            continue
-        if 0 <= step <= max_step and step not in exclude:
-            found.append((step, path.name == last, path))
-    for _, _, path in sorted(found, reverse=True):
-        if not checkpoint_non_finite(load_checkpoint_file(path))[0]:
-            return str(path)
-    return None
+    last = Path(getattr(cb, "last_model_path", "") or "").name or "last.ckpt"
+    found = newest_finite_checkpoint(folder.glob("*.ckpt"), max_step, exclude, prefer=last)
+    return str(found) if found else None
 
 
 class StopOnNonFinite(L.Callback):
@@ -156,31 +143,60 @@ class StopOnNonFinite(L.Callback):
         )
 
 
-class GracefulInterrupt(L.Callback):
-    """First Ctrl-C: finish the step, save `interrupted.ckpt` next to the other checkpoints, stop, print how to resume.
+#: the stop requests a run honours: Ctrl-C, a scheduler's SIGTERM (SLURM, Kubernetes, `docker stop`), and SLURM's
+#: warning signal SIGUSR1 (left to whoever holds it already, e.g. Lightning's SLURM auto-requeue)
+STOP_SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGUSR1")) if s is not None)
 
-    `resume_hint` is the command line to print (the checkpoint path is appended as `ckpt_path=...`).
+
+class StopRequested(Exception):  # noqa: N818 - a request, not a fault
+    """Raised by `GracefulInterrupt` to end `Trainer.fit` once the interrupted checkpoint is saved: unlike
+    `should_stop`, it runs no extra validation and logs no extra row (Lightning does both on a requested stop).
+    Catch it around `fit`; `GracefulInterrupt.saved_path` says where the checkpoint is."""
+
+
+class GracefulInterrupt(L.Callback):
+    """A stop request (Ctrl-C, SIGTERM, SIGUSR1): finish the step, save `interrupted.ckpt` next to the other
+    checkpoints, stop, print how to resume. The same signal again aborts at once (KeyboardInterrupt).
+
+    The checkpoint is saved when the next step would begin, and `StopRequested` ends the fit (catch it around
+    `Trainer.fit`). The handlers are installed when training starts, after Lightning's own (which on SIGTERM would
+    kill the other ranks and end the fit with exit status 0), and put back when it ends. A SIGUSR1 handler someone
+    else installed (Lightning's SLURM auto-requeue) is kept. `resume_hint` is the command line to print (the
+    checkpoint path is appended as `ckpt_path=...`); `signum` says which signal stopped the run.
     """
 
-    def __init__(self, resume_hint: str | None = None, filename: str = "interrupted.ckpt"):
+    def __init__(self, resume_hint: str | None = None, filename: str = "interrupted.ckpt",
+                 signals: tuple[int, ...] = STOP_SIGNALS):
         self.resume_hint = resume_hint
         self.filename = filename
+        self.signals = tuple(signals)
         self.requested = False
+        self._stop_next = False
+        self.signum: int | None = None
         self.saved_path: str | None = None
-        self._previous: Any = None
+        self._previous: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: Any) -> None:
-        if self.requested:  # the second Ctrl-C: the user means it
-            signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
+        name = signal.Signals(signum).name
+        if self.requested and signum == self.signum:  # the same request twice: the user means it
+            self._restore()
             raise KeyboardInterrupt
-        self.requested = True
-        print("\nCtrl-C: finishing this step, then saving a checkpoint (Ctrl-C again to abort now)",
+        self.requested, self.signum = True, self.signum or signum
+        again = "Ctrl-C" if signum == signal.SIGINT else name
+        print(f"\n{name}: finishing this step, then saving a checkpoint ({again} again to abort now)",
               file=sys.stderr, flush=True)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.requested, self.saved_path = False, None
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handler)
+        self.requested, self.signum, self.saved_path, self._stop_next = False, None, None, False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in self.signals:
+            current = signal.getsignal(signum)
+            if signum == getattr(signal, "SIGUSR1", None) and current not in (signal.SIG_DFL, None):
+                continue  # someone's requeue handler (Lightning's under SLURM): theirs to answer
+            self._previous[signum] = signal.signal(signum, self._handler)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore()
@@ -189,25 +205,35 @@ class GracefulInterrupt(L.Callback):
         self._restore()
 
     def _restore(self) -> None:
-        if self._previous is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            for signum, previous in self._previous.items():
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous = {}
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if not _any_rank(trainer, self.requested):
+        self._stop_next = _any_rank(trainer, self.requested)  # every rank decides alike (a collective)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        """Stop before the next step: the previous one is complete, its logging, validation and checkpoints
+        included, so the resumed run continues exactly where an uninterrupted one would be."""
+        if not self._stop_next:
             return
         cb = trainer.checkpoint_callback
         folder = Path(cb.dirpath) if cb is not None and getattr(cb, "dirpath", None) else Path(
             trainer.default_root_dir) / "checkpoints"
         path = folder / self.filename
         trainer.save_checkpoint(str(path))
-        trainer.should_stop = True
+        for logger in trainer.loggers:
+            logger.save()  # what the loggers buffered so far is on disk before the fit unwinds
         self.saved_path = str(path)
         if trainer.is_global_zero:
             resume = f"{self.resume_hint} ckpt_path={path}" if self.resume_hint else f"ckpt_path={path}"
             print(f"interrupted at step {trainer.global_step}: checkpoint written to {path}\nresume with: {resume}",
                   file=sys.stderr, flush=True)
+        self._restore()  # a signal from here on (the fit unwinding, the record) is the default one again
+        raise StopRequested(f"stopped at step {trainer.global_step} on request; checkpoint {path}")
 
     def results(self) -> dict[str, Any]:
         return {"interrupted": 1.0} if self.saved_path else {}

@@ -156,16 +156,7 @@ def generate(
     samples from softmax(logits / temperature) via Gumbel noise instead of taking the argmax. MASK (and the
     `never_predict` ids) are never committed. Returns (B, P + gen_length) token ids without MASK in the answer.
     """
-    if remasking not in REMASKING:
-        raise ValueError(f"unknown remasking {remasking!r}; valid: {', '.join(REMASKING)}")
-    block_length = gen_length if block_length is None else block_length
-    if gen_length < 1 or block_length < 1 or gen_length % block_length:
-        raise ValueError(f"gen_length={gen_length} must be a positive multiple of block_length={block_length}")
-    num_blocks = gen_length // block_length
-    if steps < num_blocks or steps % num_blocks:
-        raise ValueError(f"steps={steps} must be a positive multiple of the number of blocks ({num_blocks})")
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} must be >= 0")
+    block_length, num_blocks = _check_generate(gen_length, steps, block_length, remasking, temperature)
     batch, plen = prompt.shape
     x = torch.cat([prompt, prompt.new_full((batch, gen_length), mask_id)], dim=1)
     pos = torch.arange(x.shape[1], device=x.device)
@@ -176,24 +167,57 @@ def generate(
         in_block = (pos >= start) & (pos < end)
         counts = transfer_counts(x[:, start:end] == mask_id, per_block)
         for i in range(per_block):
-            masked = x == mask_id
-            logits = model_logits(model, x).double()
-            logits[..., banned] = float("-inf")
-            if temperature == 0:
-                scores = logits
-            else:  # Gumbel-max: argmax(logits / T + G) samples softmax(logits / T)
-                u = _uniform(logits.shape, generator, x.device).clamp_min(1e-300)
-                scores = logits / temperature - (-u.log()).log()
-            x0 = scores.argmax(-1)
-            if remasking == "low_confidence":
-                confidence = F.softmax(logits, dim=-1).gather(-1, x0.unsqueeze(-1)).squeeze(-1)
-            else:
-                confidence = _uniform(x0.shape, generator, x.device)
-            confidence = torch.where(masked & in_block, confidence, float("-inf"))
-            commit = torch.zeros_like(masked)
-            for row in range(batch):
-                k = int(counts[row, i])
-                if k:
-                    commit[row, confidence[row].topk(k).indices] = True
-            x = torch.where(commit, x0, x)
+            x = _commit_step(model, x, in_block, counts[:, i], mask_id, banned, remasking, temperature, generator)
     return x
+
+
+def _check_generate(
+    gen_length: int, steps: int, block_length: int | None, remasking: str, temperature: float
+) -> tuple[int, int]:
+    """`generate`'s arguments checked; returns the block length (default: one block) and the number of blocks."""
+    if remasking not in REMASKING:
+        raise ValueError(f"unknown remasking {remasking!r}; valid: {', '.join(REMASKING)}")
+    block_length = gen_length if block_length is None else block_length
+    if gen_length < 1 or block_length < 1 or gen_length % block_length:
+        raise ValueError(f"gen_length={gen_length} must be a positive multiple of block_length={block_length}")
+    num_blocks = gen_length // block_length
+    if steps < num_blocks or steps % num_blocks:
+        raise ValueError(f"steps={steps} must be a positive multiple of the number of blocks ({num_blocks})")
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0")
+    return block_length, num_blocks
+
+
+def _commit_step(
+    model: Any,
+    x: Tensor,
+    in_block: Tensor,
+    counts: Tensor,
+    mask_id: int,
+    banned: Tensor,
+    remasking: str,
+    temperature: float,
+    generator: torch.Generator | None,
+) -> Tensor:
+    """One LLaDA step: predict every position, then commit each row's `counts[row]` most confident still-masked
+    positions of the current block (`in_block`) to their prediction."""
+    masked = x == mask_id
+    logits = model_logits(model, x).double()
+    logits[..., banned] = float("-inf")
+    if temperature == 0:
+        scores = logits
+    else:  # Gumbel-max: argmax(logits / T + G) samples softmax(logits / T)
+        u = _uniform(logits.shape, generator, x.device).clamp_min(1e-300)
+        scores = logits / temperature - (-u.log()).log()
+    x0 = scores.argmax(-1)
+    if remasking == "low_confidence":
+        confidence = F.softmax(logits, dim=-1).gather(-1, x0.unsqueeze(-1)).squeeze(-1)
+    else:
+        confidence = _uniform(x0.shape, generator, x.device)
+    confidence = torch.where(masked & in_block, confidence, float("-inf"))
+    commit = torch.zeros_like(masked)
+    for row in range(x.shape[0]):
+        k = int(counts[row])
+        if k:
+            commit[row, confidence[row].topk(k).indices] = True
+    return torch.where(commit, x0, x)

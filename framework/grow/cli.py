@@ -11,37 +11,33 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from framework.errors import run_cli
 from framework.grow.ops import DEPTH_METHODS, count_params, grow, norm_profile
-from framework.runs import GROWTH_KEY, LAST_CHECKPOINT, SPEC_NAME, Build, RunDir, is_local
+from framework.rundir import GROWTH_KEY, LAST_CHECKPOINT, SPEC_NAME, Build, RunDir, resolve_source
 
 
-def load_source(source: str, revision: str | None = None, build: Build | None = None
-                ) -> tuple[nn.Module, dict[str, Any]]:
+def load_growable(source: str, revision: str | None = None, build: Build | None = None
+                  ) -> tuple[nn.Module, dict[str, Any]]:
     """The model in `source` (run dir, .ckpt, grown dir or Hub repo id) and its spec {"name", "config"}.
 
     A checkpoint saved by OrthogonalGrowth knows its own (pre- or post-growth) architecture; `build(name, config)`
-    builds the named model (default: the catalog's)."""
-    from framework.hub import load_model, validate_config
+    builds the named model (default: the registered one)."""
+    from framework.hub import load_model, registered_model, validate_config
 
-    if build is None:
-        from framework.hub.catalog import build
-    if is_local(source):
-        run = RunDir(source)
+    resolved = resolve_source(source)
+    if resolved.is_local:
+        run = RunDir(resolved.value)
         if not run.checkpoint.is_file():
             raise FileNotFoundError(f"{source!r} has no checkpoint ({run.checkpoint} does not exist)")
         spec = validate_config(run.model_config())
-        return run.load(build), spec
-    if Path(source).is_absolute() or source.startswith((".", "~")) or source.count("/") != 1:
-        raise FileNotFoundError(f"{source!r} is neither an existing run dir or .ckpt file nor a Hub repo id"
-                                " ('namespace/name')")
-    loaded = load_model(source, revision, build=build)
+        return run.load(build or registered_model), spec
+    loaded = load_model(resolved.value, revision, build=build)
     return loaded.model, {"name": loaded.config["name"], "config": dict(loaded.config["config"])}
 
 
@@ -50,7 +46,7 @@ def save_grown(model: nn.Module, spec: dict[str, Any], out: Path, record: dict[s
     from safetensors.torch import save_model
 
     from framework import __version__
-    from framework.hub.load import validate_config
+    from framework.hub import validate_config
 
     config = validate_config({"name": spec["name"], "config": dict(model.init_config),
                               "framework_version": __version__})
@@ -66,7 +62,7 @@ def save_grown(model: nn.Module, spec: dict[str, Any], out: Path, record: dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Grow SOURCE and write DIR; exit 2 on bad input (one line, no traceback), 1 when the Hub fails."""
+    """Grow SOURCE and write DIR; exit codes from `framework.errors` (2 on bad input, 1 when the Hub fails)."""
     parser = argparse.ArgumentParser(prog="python -m framework.grow", description=__doc__.split("\n")[0])
     parser.add_argument("source", help="run dir, .ckpt, grown dir or Hub repo id")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
@@ -80,26 +76,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="noise seed")
     parser.add_argument("--revision", help="Hub revision of SOURCE")
     args = parser.parse_args(argv)
-    try:
-        model, spec = load_source(args.source, args.revision)
-        before, profile_before = count_params(model), _profile(model)
-        grow(model, depth_factor=args.depth, depth_method=args.method, ignore_first=args.ignore_first,
-             ignore_last=args.ignore_last, zero_init_copies=args.zero_init, width_factor=args.width,
-             noise_alpha=args.alpha, seed=args.seed)
-        after = count_params(model)
-        record = {"source": args.source, "depth_factor": args.depth, "depth_method": args.method,
-                  "ignore_first": args.ignore_first, "ignore_last": args.ignore_last,
-                  "zero_init_copies": args.zero_init,
-                  "width_factor": args.width, "noise_alpha": args.alpha, "seed": args.seed, "params_before": before,
-                  "params_after": after, "norm_profile_before": profile_before, "norm_profile_after": _profile(model)}
-        save_grown(model, spec, args.out, record)
-    except Exception as err:
-        bad_input = isinstance(err, (ValueError, TypeError, LookupError, FileNotFoundError))
-        print(f"error: {'' if bad_input else type(err).__name__ + ': '}{' '.join(str(err).split())}", file=sys.stderr)
-        return 2 if bad_input else 1
+    return run_cli(lambda: _grow(args))
+
+
+def _grow(args: argparse.Namespace) -> None:
+    """Load, grow, save and report what `main` parsed."""
+    model, spec = load_growable(args.source, args.revision)
+    before, profile_before = count_params(model), _profile(model)
+    grow(model, depth_factor=args.depth, depth_method=args.method, ignore_first=args.ignore_first,
+         ignore_last=args.ignore_last, zero_init_copies=args.zero_init, width_factor=args.width,
+         noise_alpha=args.alpha, seed=args.seed)
+    after = count_params(model)
+    record = {"source": args.source, "depth_factor": args.depth, "depth_method": args.method,
+              "ignore_first": args.ignore_first, "ignore_last": args.ignore_last, "zero_init_copies": args.zero_init,
+              "width_factor": args.width, "noise_alpha": args.alpha, "seed": args.seed, "params_before": before,
+              "params_after": after, "norm_profile_before": profile_before, "norm_profile_after": _profile(model)}
+    save_grown(model, spec, args.out, record)
     print(f"grew {spec['name']} from {args.source}: {before['total']:,} → {after['total']:,} parameters"
           f" ({before['active']:,} → {after['active']:,} active); written to {args.out}")
-    return 0
 
 
 def _profile(model: nn.Module) -> list[float] | None:

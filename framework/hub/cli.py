@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 from pathlib import Path
 
+from framework.errors import run_cli
 from framework.hub.common import CARD_NAME
 from framework.hub.load import download, load_model
-from framework.hub.push import push_to_hub, record_push, redact
+from framework.hub.push import push_to_hub, record_push
 
 
 # ---- CLI ----------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    """`python -m framework.hub push RUN_DIR REPO_ID` / `pull REPO_ID`; exit 1 when the Hub fails, 2 on bad input."""
+    """`python -m framework.hub push RUN_DIR REPO_ID` / `pull REPO_ID`; exit codes from `framework.errors` (1 when the
+    Hub fails, 2 on bad input)."""
     parser = argparse.ArgumentParser(prog="python -m framework.hub", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     push = sub.add_parser("push", help="publish a finished run dir as one commit")
@@ -26,28 +27,23 @@ def main(argv: list[str] | None = None) -> int:
     pull.add_argument("repo_id")
     pull.add_argument("--revision", help="branch, tag or commit id (default main)")
     args = parser.parse_args(argv)
+    return run_cli(lambda: _push(args) if args.command == "push" else _pull(args))
+
+
+def _push(args: argparse.Namespace) -> None:
+    pushed = push_to_hub(args.run_dir, args.repo_id, args.revision, args.private)
+    record_push(args.run_dir, pushed)
+    print(f"pushed {args.run_dir} to {pushed.repo_id}@{pushed.revision}: commit {pushed.commit}")
+    print(pushed.url)
+
+
+def _pull(args: argparse.Namespace) -> None:
     from huggingface_hub.errors import EntryNotFoundError
 
-    from framework.hub.catalog import build  # an entry point: models are built by their catalog names
-
-    try:
-        if args.command == "push":
-            pushed = push_to_hub(args.run_dir, args.repo_id, args.revision, args.private, build=build)
-            record_push(args.run_dir, pushed)
-            print(f"pushed {args.run_dir} to {pushed.repo_id}@{pushed.revision}: commit {pushed.commit}")
-            print(pushed.url)
-        else:
-            model, config, commit, weights = load_model(args.repo_id, args.revision, build=build)
-            with contextlib.suppress(EntryNotFoundError):  # the card is for people; the model does not need it
-                download(args.repo_id, CARD_NAME, commit or args.revision)
-            params = sum(p.numel() for p in model.parameters())
-            values = ", ".join(f"{k}={v}" for k, v in config["config"].items())
-            print(f"downloaded {args.repo_id}@{commit or args.revision or 'main'} to {Path(weights).parent}")
-            print(f"{config['name']} ({type(model).__name__}, {params:,} parameters): {values}")
-    except Exception as err:  # one line, never a token: 2 = refused input, 1 = the Hub failed
-        bad_input = isinstance(err, (ValueError, TypeError, LookupError, FileNotFoundError))
-        message = " ".join(redact(str(err)).split())
-        print(f"error: {'' if bad_input else type(err).__name__ + ': '}{message}", file=sys.stderr)
-        return 2 if bad_input else 1
-    return 0
-
+    model, config, commit, weights = load_model(args.repo_id, args.revision)
+    with contextlib.suppress(EntryNotFoundError):  # the card is for people; the model does not need it
+        download(args.repo_id, CARD_NAME, commit or args.revision)
+    params = sum(p.numel() for p in model.parameters())
+    values = ", ".join(f"{k}={v}" for k, v in config["config"].items())
+    print(f"downloaded {args.repo_id}@{commit or args.revision or 'main'} to {Path(weights).parent}")
+    print(f"{config['name']} ({type(model).__name__}, {params:,} parameters): {values}")

@@ -1,9 +1,14 @@
-"""Shared pieces of the Hub integration: file names, the refused keys and the error types."""
+"""Shared pieces of the Hub integration: file names, the refused keys, the model-argument check; the error types
+(defined in `framework.errors`) are re-exported here."""
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass
+from typing import Any
+
+from framework.errors import HubPushError, UnsafeConfigError, UnsafeWeightsError
 
 CONFIG_NAME, WEIGHTS_NAME, CARD_NAME = "config.json", "model.safetensors", "README.md"
 PLOT_NAME, TRAIN_CONFIG_NAME = "training_curves.png", "train_config.yaml"
@@ -13,20 +18,13 @@ FORBIDDEN_KEYS = frozenset({"_target_", "_partial_", "_args_", "_recursive_", "_
 IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:[A-Za-z_][\w.]*)?$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
-class UnsafeConfigError(ValueError):
-    """A `config.json` that could do more than name a registered model and give it plain values."""
-
-
-class UnsafeWeightsError(ValueError):
-    """Weights that are not a safetensors file matching the config (pickles are refused, never opened)."""
-
-
-class HubPushError(RuntimeError):
-    """The Hub was unreachable or refused a push; `retry_command` (when known) re-runs it from the run dir."""
-
-    def __init__(self, message: str, retry_command: str | None = None):
-        super().__init__(message + (f" Retry with: {retry_command}" if retry_command else ""))
-        self.retry_command = retry_command
+def check_model_args(name: str, target: Any, values: dict[str, Any]) -> None:
+    """UnsafeConfigError if `values` sets an argument that `target` (model `name`) does not take."""
+    params = inspect.signature(target).parameters
+    unknown = sorted(set(values) - set(params))
+    if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        raise UnsafeConfigError(
+            f"config.json sets {', '.join(unknown)}, which model {name!r} does not take; valid: {', '.join(params)}")
 
 
 @dataclass(frozen=True)
@@ -38,3 +36,9 @@ class Pushed:
     commit: str
     url: str
 
+
+
+__all__ = [
+    "ARTIFACTS", "CARD_NAME", "CONFIG_NAME", "FORBIDDEN_KEYS", "HubPushError", "IMPORT_PATH", "PLOT_NAME", "Pushed",
+    "TRAIN_CONFIG_NAME", "UnsafeConfigError", "UnsafeWeightsError", "WEIGHTS_NAME", "check_model_args",
+]

@@ -1,12 +1,12 @@
 """Loading from the Hub: validate `config.json`, build the model it names, load safetensors only.
 
-The Hub does not know the catalog: `build(name, config)` builds a named model (the entry points pass the catalog's,
-`framework.hub.catalog.build`) or `model_cls` is the class itself; with neither, the catalog is imported on first use.
+The Hub does not know the catalog: `build(name, config)` builds a named model, or `model_cls` is the class itself;
+with neither, `registered_model` builds it from the model registry (`framework.registry.MODELS`, filled by
+`load_catalog` on first use through the catalog's entry point).
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 from pathlib import Path
@@ -22,8 +22,9 @@ from framework.hub.common import (
     WEIGHTS_NAME,
     UnsafeConfigError,
     UnsafeWeightsError,
+    check_model_args,
 )
-from framework.runs import Build, RunDir, is_local
+from framework.rundir import Build, RunDir, load_state, resolve_source
 
 
 # ---- config.json: what may be loaded -------------------------------------------------------------------
@@ -39,17 +40,17 @@ def validate_config(config: Any, model_cls: type[nn.Module] | None = None) -> di
     if not isinstance(values, dict):
         raise UnsafeConfigError(f"config.json 'config' must be an object of constructor values, got {values!r}")
     if model_cls is not None:
-        check_values(name, model_cls, values)
+        check_model_args(name, model_cls, values)
     return config
 
 
-def check_values(name: str, target: Any, values: dict[str, Any]) -> None:
-    """UnsafeConfigError if `values` sets an argument that `target` (model `name`) does not take."""
-    params = inspect.signature(target).parameters
-    unknown = sorted(set(values) - set(params))
-    if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        raise UnsafeConfigError(
-            f"config.json sets {', '.join(unknown)}, which model {name!r} does not take; valid: {', '.join(params)}")
+def registered_model(name: str, config: dict[str, Any]) -> nn.Module:
+    """The registered model `name` built with `config` (UnknownNameError, a LookupError, for an unknown name)."""
+    from framework.registry import MODELS, load_catalog
+
+    load_catalog()
+    check_model_args(name, MODELS.get(name), config)
+    return MODELS.build(name, **config)
 
 
 def _check_plain(node: Any, where: str) -> None:
@@ -82,10 +83,8 @@ def build_model(config: dict[str, Any], build: Build | None = None,
     values = dict(config.get("config", {}))
     if model_cls is not None:
         return model_cls(**values)
-    if build is None:
-        from framework.hub.catalog import build
     try:
-        return build(config["name"], values)
+        return (build or registered_model)(config["name"], values)
     except LookupError as err:
         raise UnsafeConfigError(f"config.json names an unregistered model: {err}") from err
 
@@ -167,12 +166,9 @@ def load_weights_into(model: nn.Module, source: str | Path, build: Build | None 
     The shapes must match: a different architecture is refused with the mismatching keys, nothing is changed.
     A Hub model is built by `build` (default: the catalog's) before its weights are copied over.
     """
-    if is_local(source) or Path(source).suffix == ".ckpt":
-        state = RunDir(source).state()
+    resolved = resolve_source(source)
+    if resolved.is_local:
+        state = RunDir(resolved.value).state()
     else:
-        state = load_model(str(source), build=build).model.state_dict()
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as err:
-        raise ValueError(f"init_from={source!r} does not fit this model ({type(model).__name__}): {err}") from err
-    return model
+        state = load_model(resolved.value, build=build).model.state_dict()
+    return load_state(model, state, f"init_from={source!r}")

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from framework import __version__
+from framework.errors import redact
 from framework.hub.common import (
     ARTIFACTS,
     CARD_NAME,
@@ -30,7 +31,7 @@ from framework.hub.common import (
     UnsafeWeightsError,
 )
 from framework.hub.load import build_model, validate_config
-from framework.runs import Build, RunDir, load_state
+from framework.rundir import Build, RunDir, load_state
 
 
 # ---- pushing ------------------------------------------------------------------------------------------------
@@ -135,9 +136,10 @@ def _bundle_from_module(module: nn.Module, info: dict[str, Any]) -> _Bundle:
     if info.get("model_name"):
         name = info["model_name"]
     else:
-        from framework.hub.catalog import name_of
+        from framework.registry import MODELS, load_catalog
 
-        name = name_of(model)
+        load_catalog()
+        name = MODELS.name_of(type(model))
     command = info.get("command") or " ".join(shlex.quote(a) for a in ["python", *sys.argv])
     config = validate_config({"name": name, "config": dict(model.init_config), "framework_version": __version__,
                               "recipe": info.get("recipe"), "command": command})
@@ -218,14 +220,6 @@ def _commit(folder: Path, repo_id: str, revision: str | None, private: bool, mes
     ops += [CommitOperationDelete(path_in_repo=n) for n in sorted(stale)]  # e.g. a plot this push lacks
     info = api.create_commit(repo_id, ops, commit_message=message, revision=revision)
     return Pushed(repo_id, revision or "main", info.oid, info.commit_url)
-
-
-def redact(text: str) -> str:
-    """`text` with the Hub token, if any, replaced: errors may be printed and logged."""
-    from huggingface_hub import get_token
-
-    token = get_token()
-    return text.replace(token, "***") if token else text
 
 
 def record_push(run_dir: str | Path, pushed: Pushed) -> dict[str, str]:

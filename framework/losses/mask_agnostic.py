@@ -269,6 +269,13 @@ class MaskAgnosticLoss(nn.Module):
         tokens, kpm, at = mask_agnostic_views(
             repeat(prompt, "b p -> (v b) p", v=2), n, torch.cat([k1, k2]), self.mask_id, self.pad_id, lengths, revealed
         )
+        log_probs = subs_log_probs(self._view_logits(model, tokens, kpm, at, batch), tokens.gather(1, at),
+                                   self.mask_id, never_predict=(self.pad_id,))
+        return self._loss_terms(log_probs, target, scored, k2)
+
+    def _view_logits(self, model: Any, tokens: Tensor, kpm: Tensor, at: Tensor, batch: int) -> Tensor:
+        """Logits (2B, n, V) of both views at the targets, in one pass or one per view (`batch_views`); the
+        first batch that hands the model a key-padding mask also checks the mask convention."""
         call = follow_mask_convention(model, self.mask_true_means)
         if self.batch_views:
             picked, padded = _logits_at(call, tokens, kpm, at)
@@ -281,7 +288,13 @@ class MaskAgnosticLoss(nn.Module):
         if checks and not self._mask_checked:  # once, on the first batch that hands the model a mask
             check_mask_convention(model, tokens[checks[0]], kpm[checks[0]], self.mask_true_means)
             self._mask_checked = True
-        log_probs = subs_log_probs(picked, tokens.gather(1, at), self.mask_id, never_predict=(self.pad_id,))
+        return picked
+
+    def _loss_terms(
+        self, log_probs: Tensor, target: Tensor, scored: Tensor, k2: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss from both views' SUBS log-probs (2B, n, V): the chosen CE term plus lam * D over the scored
+        targets, and the logged stats."""
         lp1, lp2 = log_probs.chunk(2)
         weight = scored.float() / scored.sum().clamp_min(1)
         ce = -torch.cat([lp1, lp2]).gather(-1, repeat(target, "b n -> (v b) n 1", v=2)).squeeze(-1)

@@ -7,21 +7,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
+from framework.errors import InputError, run_cli
 from framework.metrics.functional import CORRECTIONS, NEIGHBOURS, prdc
 
 
 def _load(path: str) -> np.ndarray:
     if not Path(path).is_file():
-        raise SystemExit(f"error: no such features file: {path}")
+        raise FileNotFoundError(f"no such features file: {path}")
     try:
         return np.load(path, allow_pickle=False)
     except ValueError as err:
-        raise SystemExit(f"error: {path} is not a plain .npy array ({err}); object arrays are refused") from None
+        raise InputError(f"{path} is not a plain .npy array ({err}); object arrays are refused") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,16 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--le", action="store_true", help="ball test with <= (Kynkäänniemi) instead of < (prdc)")
     parser.add_argument("--block-size", type=int, default=None, help="tile edge in points (default 1024)")
     args = parser.parse_args(argv)
+    return run_cli(lambda: _evaluate(args))
+
+
+def _evaluate(args: argparse.Namespace) -> None:
     real, fake = _load(args.real), _load(args.fake)
-    try:
-        out = prdc(real, fake, args.k, args.correction, strict=not args.le, neighbours=args.neighbours,
-                   block_size=args.block_size)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    out = prdc(real, fake, args.k, args.correction, strict=not args.le, neighbours=args.neighbours,
+               block_size=args.block_size)
     out.update(n_real=int(real.shape[0]), n_fake=int(fake.shape[0]), dim=int(real.shape[1]))
     print(json.dumps(out, indent=2))
-    return 0
 
 
 if __name__ == "__main__":

@@ -20,14 +20,17 @@ ICDM's neighbours are exact at every N (`neighbours="exact"`); the candidate gra
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from framework.metrics.balls import BallStats, ball_stats
 from framework.metrics.icdm import ExactGraph, ICDMResult, hubness, icdm
-from framework.metrics.knn import KNN, Points, ball_stats, knn, prepare, scan
+from framework.metrics.knn import KNN, Scan, knn, scan
+from framework.metrics.screening import Points, prepare
 
 CORRECTIONS = ("none", "icdm", "gicdm_reconstructed")
 NEIGHBOURS = ("exact", "approx_graph")
@@ -76,6 +79,24 @@ def as_features(x: Any, name: str) -> Tensor:
     return t
 
 
+@dataclass(frozen=True)
+class PRDCOptions:
+    """`prdc`'s keyword options in one value, for its helpers (see `prdc` for each one's meaning)."""
+
+    strict: bool = True
+    neighbours: str = "exact"
+    alpha: float = 0.5
+    max_iter: int = 50
+    tol: float = 1e-4
+    beta: float = 1.0
+    filter_scales: tuple[int, ...] = (1, 2, 4, 8)
+    filter_quantile: float = 0.99
+    candidates: int | None = None
+    dense_max: int = 4096
+    block_size: int | None = None
+    return_factors: bool = False
+
+
 def prdc(
     real: Any,
     fake: Any,
@@ -102,12 +123,20 @@ def prdc(
     (memory) and by tiled passes beyond (time), with identical results; `"approx_graph"` re-ranks the `candidates`
     (default 64) nearest raw neighbours (memory N·C, approximate). Reconstruction: `beta`, `filter_scales`,
     `filter_quantile`."""
-    check_correction(correction)
-    if neighbours not in NEIGHBOURS:
-        raise ValueError(f"neighbours={neighbours!r} is not one of {', '.join(map(repr, NEIGHBOURS))}")
-    approx = neighbours == "approx_graph"
-    if candidates is not None and (not approx or candidates < k):
-        raise ValueError(f"candidates={candidates} applies only to neighbours='approx_graph' (got {neighbours!r})"
+    check_correction(correction)  # called here, so that its warning points at prdc's caller
+    options = PRDCOptions(strict=strict, neighbours=neighbours, alpha=alpha, max_iter=max_iter, tol=tol, beta=beta,
+                          filter_scales=filter_scales, filter_quantile=filter_quantile, candidates=candidates,
+                          dense_max=dense_max, block_size=block_size, return_factors=return_factors)
+    return _prdc(real, fake, k, correction, options)
+
+
+def _checked_features(real: Any, fake: Any, k: int, o: PRDCOptions) -> tuple[Tensor, Tensor]:
+    """The two feature sets as tensors on real's device, after every check of the inputs and options."""
+    if o.neighbours not in NEIGHBOURS:
+        raise ValueError(f"neighbours={o.neighbours!r} is not one of {', '.join(map(repr, NEIGHBOURS))}")
+    approx = o.neighbours == "approx_graph"
+    if o.candidates is not None and (not approx or o.candidates < k):
+        raise ValueError(f"candidates={o.candidates} applies only to neighbours='approx_graph' (got {o.neighbours!r})"
                          f" and must be >= k={k}")
     real, fake = as_features(real, "real"), as_features(fake, "fake").to(real.device)
     if real.shape[1] != fake.shape[1]:
@@ -115,46 +144,35 @@ def prdc(
     n, m = real.shape[0], fake.shape[0]
     if not 0 < k < min(n, m):
         raise ValueError(f"k={k} must be in 1..{min(n, m) - 1} (fewer than the {n} real and {m} fake points)")
-    if not filter_scales or min(filter_scales) < 1 or not 0 < filter_quantile <= 1:
-        raise ValueError(f"filter_scales={filter_scales} must be ≥ 1 and filter_quantile={filter_quantile} in (0, 1]")
+    if not o.filter_scales or min(o.filter_scales) < 1 or not 0 < o.filter_quantile <= 1:
+        raise ValueError(f"filter_scales={o.filter_scales} must be ≥ 1 and filter_quantile={o.filter_quantile} in"
+                         " (0, 1]")
+    return real, fake
+
+
+def _prdc(real: Any, fake: Any, k: int, correction: str, o: PRDCOptions) -> dict[str, Any]:
+    """`prdc` once `correction` is checked: the real set's one scan, the radii (raw or corrected), the statistics."""
+    real, fake = _checked_features(real, fake, k, o)
+    n, m = real.shape[0], fake.shape[0]
     dtype = torch.float64 if torch.float64 in (real.dtype, fake.dtype) else torch.float32
     center = real.mean(0, dtype=torch.float64)
     x, y = prepare(real, center, dtype), prepare(fake, center, dtype)
-    ar_n, ar_m = torch.arange(n, device=real.device), torch.arange(m, device=real.device)
-    gicdm = correction == "gicdm_reconstructed"
-    cache = correction != "none" and not approx and n <= dense_max
-    n_cand = candidates or 64
+    approx, gicdm = o.neighbours == "approx_graph", correction == "gicdm_reconstructed"
+    cache = correction != "none" and not approx and n <= o.dense_max
     width = 0
     if correction != "none":
-        width = max(k * max(filter_scales) if gicdm else 0, n_cand if approx else 0)
-    real_scan = scan(x, x, k, self_index=ar_n, width=min(width, n - 1), dense=cache, block_size=block_size)
+        width = max(k * max(o.filter_scales) if gicdm else 0, (o.candidates or 64) if approx else 0)
+    real_scan = scan(x, x, k, self_index=torch.arange(n, device=real.device), width=min(width, n - 1), dense=cache,
+                     block_size=o.block_size)
     skew = hubness(real_scan.exact.index, n)["skewness"]
     out: dict[str, Any] = {"correction": correction, "k": k}
     if correction == "none":
-        fake_nn = knn(y, y, k, self_index=ar_m, block_size=block_size)
-        stats = ball_stats(y, x, real_scan.exact.values[:, -1], fake_nn.values[:, -1], strict=strict,
-                           block_size=block_size)
+        fake_nn = knn(y, y, k, self_index=torch.arange(m, device=real.device), block_size=o.block_size)
+        stats = ball_stats(y, x, real_scan.exact.values[:, -1], fake_nn.values[:, -1], strict=o.strict,
+                           block_size=o.block_size)
         skew_after, dx, dy = skew, None, None
     else:
-        graph = real_scan.approx if approx else ExactGraph(x, real_scan.dense, block_size)
-        if approx and width > n_cand:  # the filter's wider lists: re-rank only the first C
-            graph = KNN(graph.values[:, :n_cand], graph.index[:, :n_cand])
-        res = icdm(graph, k, alpha=alpha, max_iter=max_iter, tol=tol)
-        real_scan.dense = None
-        dx = res.delta
-        skew_after = hubness(res.neighbours.index, n)["skewness"]
-        out.update(neighbours=neighbours, icdm_iterations=res.iterations, icdm_converged=res.converged,
-                   icdm_spread=res.history[-1], delta_real_min=float(dx.min()), delta_real_max=float(dx.max()))
-        if gicdm:
-            dy, outlier = generated_factors(x, y, real_scan.approx, res, k, beta=beta, scales=filter_scales,
-                                            quantile=filter_quantile, block_size=block_size)
-            out["filtered_fraction"] = float(outlier.double().mean())
-        else:
-            dy = torch.ones(m, dtype=torch.float64, device=real.device)
-        fake_nn = knn(y, y, k, self_index=ar_m, col_scale2=dy.square() if gicdm else None, block_size=block_size)
-        # radii under d': real ρ_x = δ_{x(k)} d(x, x(k)) (δ_x cancels in the ball test), fake ρ_y likewise
-        stats = ball_stats(y, x, res.neighbours.values[:, -1], fake_nn.values[:, -1], query_scale2=dy.square(),
-                           ref_scale2=dx.square(), strict=strict, block_size=block_size)
+        stats, skew_after, dx, dy = _corrected_stats(x, y, real_scan, k, correction, width, o, out)
     out.update(
         precision=int((stats.counts > 0).sum()) / m,
         recall=int(stats.inside.sum()) / n,
@@ -163,9 +181,40 @@ def prdc(
         hub_skew_real=skew,
         hub_skew_real_corrected=skew_after,
     )
-    if return_factors:
+    if o.return_factors:
         out["delta_real"], out["delta_fake"] = dx, dy
     return out
+
+
+def _corrected_stats(
+    x: Points, y: Points, real_scan: Scan, k: int, correction: str, width: int, o: PRDCOptions, out: dict[str, Any]
+) -> tuple[BallStats, float, Tensor, Tensor]:
+    """Ball statistics under the corrected metric d': ICDM on the real set, then the generated factors (ones, or
+    the reconstruction's). Adds the ICDM diagnostics to `out`; returns the stats, the corrected real skewness and
+    the factors δ_x, δ_y."""
+    n, m, approx = len(x), len(y), o.neighbours == "approx_graph"
+    n_cand, gicdm = o.candidates or 64, correction == "gicdm_reconstructed"
+    graph = real_scan.approx if approx else ExactGraph(x, real_scan.dense, o.block_size)
+    if approx and width > n_cand:  # the filter's wider lists: re-rank only the first C
+        graph = KNN(graph.values[:, :n_cand], graph.index[:, :n_cand])
+    res = icdm(graph, k, alpha=o.alpha, max_iter=o.max_iter, tol=o.tol)
+    real_scan.dense = None
+    dx = res.delta
+    skew_after = hubness(res.neighbours.index, n)["skewness"]
+    out.update(neighbours=o.neighbours, icdm_iterations=res.iterations, icdm_converged=res.converged,
+               icdm_spread=res.history[-1], delta_real_min=float(dx.min()), delta_real_max=float(dx.max()))
+    if gicdm:
+        dy, outlier = generated_factors(x, y, real_scan.approx, res, k, beta=o.beta, scales=o.filter_scales,
+                                        quantile=o.filter_quantile, block_size=o.block_size)
+        out["filtered_fraction"] = float(outlier.double().mean())
+    else:
+        dy = torch.ones(m, dtype=torch.float64, device=x.x.device)
+    fake_nn = knn(y, y, k, self_index=torch.arange(m, device=x.x.device), col_scale2=dy.square() if gicdm else None,
+                  block_size=o.block_size)
+    # radii under d': real ρ_x = δ_{x(k)} d(x, x(k)) (δ_x cancels in the ball test), fake ρ_y likewise
+    stats = ball_stats(y, x, res.neighbours.values[:, -1], fake_nn.values[:, -1], query_scale2=dy.square(),
+                       ref_scale2=dx.square(), strict=o.strict, block_size=o.block_size)
+    return stats, skew_after, dx, dy
 
 
 def generated_factors(

@@ -1,4 +1,5 @@
-"""Exact k-NN radii and ball-membership counts over tiles: memory O(tile·N), never an N×N matrix.
+"""Exact k-NN radii over tiles: memory O(tile·N), never an N×N matrix. The screening primitives live in
+`framework.metrics.screening` and the ball-membership counts in `framework.metrics.balls` (re-exported here).
 
 Distances are screened one tile at a time with a matmul in the compute dtype (float32 for float32 features: BLAS
 speed on CPU or GPU) under a rigorous bound on the screening error, |s − d²| ≤ (γ_D + 48u)(|a| + |b|)² (Higham's
@@ -14,97 +15,30 @@ neighbours of i under a corrected metric δ_i δ_j d(i, j) (δ_i is constant alo
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-#: unit round-off of the screening dtypes
-_UNIT = {torch.float32: 2.0**-24, torch.float64: 2.0**-53}
-#: default tile edge: a 1024×1024 float32 tile is 4 MiB and stays in cache for the passes after the matmul
-TILE = 1024
+from framework.metrics.balls import BallStats, ball_stats
+from framework.metrics.screening import (
+    TILE,
+    Points,
+    bound_coef,
+    exact_sq,
+    full_precision,
+    pairs_sq,
+    prepare,
+    screen,
+    tiles,
+)
+
+# BallStats, ball_stats, Points, prepare, TILE and exact_sq lived here first: importing them from here still works
+__all__ = ["KNN", "TILE", "BallStats", "Points", "Scan", "ball_stats", "exact_sq", "knn", "knn_from_screened",
+           "prepare", "rerank", "scan", "with_exact_values"]
+
 #: k-NN candidates kept per row beyond k while tiles stream past (more only where near-ties need them)
 _EXTRA = 4
-
-
-@dataclass
-class Points:
-    """A point set prepared for screening: `x` as given (exact work upcasts it), a centred compute-dtype copy
-    `c`, its squared norms `sq`, and `norm` (an upper estimate of |c| in float64, for the error bound)."""
-
-    x: Tensor
-    c: Tensor
-    sq: Tensor
-    norm: Tensor
-
-    def __len__(self) -> int:
-        return self.x.shape[0]
-
-    @property
-    def dim(self) -> int:
-        return self.x.shape[1]
-
-    def subset(self, rows: Tensor) -> Points:
-        return Points(self.x[rows], self.c[rows], self.sq[rows], self.norm[rows])
-
-
-def prepare(x: Tensor, center: Tensor | None = None, dtype: torch.dtype | None = None) -> Points:
-    """Screening copy of `x` (N, D), centred on `center` (distances do not change; cancellation does)."""
-    if x.ndim != 2:
-        raise ValueError(f"features must be a 2-D (points, dims) tensor, got shape {tuple(x.shape)}")
-    dtype = dtype or (torch.float64 if x.dtype == torch.float64 else torch.float32)
-    if dtype not in _UNIT:
-        raise ValueError(f"screening dtype must be float32 or float64, got {dtype}")
-    c = x.to(dtype)
-    if center is not None:
-        c = c - center.to(device=x.device, dtype=dtype)
-    sq = torch.cat([part.square().sum(1) for part in c.split(4096)]) if len(c) else c.new_zeros(0)
-    return Points(x, c, sq, sq.double().sqrt() * (1 + (x.shape[1] + 4) * _UNIT[dtype]))
-
-
-def _coef(p: Points) -> float:
-    return (p.dim + 48) * _UNIT[p.c.dtype] * 1.1
-
-
-def _tiles(n: int, tile: int | None) -> list[slice]:
-    step = max(1, tile or TILE)
-    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
-
-
-@contextlib.contextmanager
-def _full_precision() -> Iterator[None]:
-    """Plain IEEE float32 matmuls (no TF32/bf16 shortcuts), which the screening error bound assumes."""
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(old)
-
-
-def _screen(q: Points, rows: slice, r: Points, cols: slice) -> Tensor:
-    """Approximate d² of a tile: |a|² + |b|² − 2 a·b in the compute dtype."""
-    return torch.addmm(q.sq[rows, None] + r.sq[None, cols], q.c[rows], r.c[cols].T, alpha=-2.0)
-
-
-def exact_sq(a: Tensor, b: Tensor, chunk_elements: int = 2**18) -> Tensor:
-    """Row-wise Σ(a_p − b_p)² in float64 for matching rows of `a` and `b` (P, D): the reference values."""
-    out = torch.empty(a.shape[0], dtype=torch.float64, device=a.device)
-    step = max(1, chunk_elements // max(a.shape[1], 1))
-    for i in range(0, a.shape[0], step):
-        out[i : i + step] = (a[i : i + step].double() - b[i : i + step].double()).square_().sum(1)
-    return out
-
-
-def _pairs_sq(q: Points, qi: Tensor, r: Points, ri: Tensor) -> Tensor:
-    """Exact d² for the index pairs (qi[p], ri[p])."""
-    out = torch.empty(qi.shape[0], dtype=torch.float64, device=q.x.device)
-    step = max(1, 2**20 // max(q.dim, 1))
-    for i in range(0, qi.shape[0], step):
-        out[i : i + step] = exact_sq(q.x[qi[i : i + step]], r.x[ri[i : i + step]])
-    return out
 
 
 @dataclass
@@ -208,13 +142,13 @@ def scan(
     raw = _Running(n, width, dtype, dev) if width and col_scale2 is not None else None
     full = torch.empty(n, n_ref, dtype=torch.float64, device=dev) if dense else None
     scale_c = col_scale2.to(dtype) if col_scale2 is not None else None
-    row_tiles, col_tiles = _tiles(n, block_size), _tiles(n_ref, block_size)
-    with _full_precision():
+    row_tiles, col_tiles = tiles(n, block_size), tiles(n_ref, block_size)
+    with full_precision():
         for ti, rows in enumerate(row_tiles):
             for tj, cols in enumerate(col_tiles):
                 if symmetric and tj < ti:
                     continue
-                s = _screen(query, rows, ref, cols)
+                s = screen(query, rows, ref, cols)
                 if self_index is not None:
                     own = self_index[rows]
                     hit = (own >= cols.start) & (own < cols.stop)
@@ -244,7 +178,7 @@ def _resolve(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Exact k-NN from the screened candidates; also the rows whose candidates might miss a near-tie."""
     s, idx = cands.v.double(), cands.i
-    coef = _coef(query)
+    coef = bound_coef(query)
     scale = col_scale2[idx] if col_scale2 is not None else 1.0
     band = (query.norm[:, None] + ref.norm[idx]).square_().mul_(coef) * scale
     lower, upper = s - band, s + band
@@ -258,7 +192,7 @@ def _resolve(
     sure = upper < lower_k  # proven strictly inside the k nearest: no exact value needed
     unsure = (lower <= upper_k) & ~sure
     qi, ci = unsure.nonzero(as_tuple=True)
-    e = _pairs_sq(query, qi, ref, idx[qi, ci])
+    e = pairs_sq(query, qi, ref, idx[qi, ci])
     val = torch.where(sure, s, float("inf"))
     val[qi, ci] = e * col_scale2[idx[qi, ci]] if col_scale2 is not None else e
     key = torch.where(sure, float("-inf"), val)  # the sure ones first, then the smallest exact values
@@ -300,7 +234,7 @@ def with_exact_values(
     query indices of `nn`'s rows (default all, in order)."""
     n, k = nn.index.shape
     rows = torch.arange(n, device=nn.index.device) if rows is None else rows
-    values = _pairs_sq(query, rows.repeat_interleave(k), ref, nn.index.reshape(-1)).view(n, k)
+    values = pairs_sq(query, rows.repeat_interleave(k), ref, nn.index.reshape(-1)).view(n, k)
     if col_scale2 is not None:
         values = values * col_scale2[nn.index]
     values, order = values.sort(dim=1)
@@ -312,88 +246,3 @@ def rerank(candidates: KNN, scale2: Tensor, k: int) -> KNN:
     v = candidates.values * scale2[candidates.index]
     top, order = v.topk(k, dim=1, largest=False, sorted=True)
     return KNN(top, candidates.index.gather(1, order))
-
-
-@dataclass
-class BallStats:
-    """Ball-membership results of a cross pass between queries Q (generated) and references R (real)."""
-
-    counts: Tensor  # (M,) int64: number of reference balls containing each query (precision, density)
-    covered: Tensor  # (N,) bool: reference ball holds at least one query (coverage)
-    inside: Tensor | None  # (N,) bool: reference point lies in at least one query ball (recall)
-    ambiguous: int  # pairs the screening bound could not decide (recomputed exactly)
-
-
-def ball_stats(
-    query: Points,
-    ref: Points,
-    ref_radius2: Tensor,
-    query_radius2: Tensor | None = None,
-    *,
-    query_scale2: Tensor | None = None,
-    ref_scale2: Tensor | None = None,
-    strict: bool = True,
-    block_size: int | None = None,
-) -> BallStats:
-    """One pass over all (query j, reference i) pairs deciding, exactly,
-    A: query_scale2[j]·d²(j, i) < ref_radius2[i]  (query j in reference i's ball), and
-    B: ref_scale2[i]·d²(j, i) < query_radius2[j]  (reference i in query j's ball; skipped without radii).
-    `strict=False` uses <= (Kynkäänniemi et al.) instead of < (prdc)."""
-    m, n, dev = len(query), len(ref), query.x.device
-    counts = torch.zeros(m, dtype=torch.long, device=dev)
-    covered = torch.zeros(n, dtype=torch.bool, device=dev)
-    inside = torch.zeros(n, dtype=torch.bool, device=dev) if query_radius2 is not None else None
-    ones_q, ones_r = torch.ones(m, dtype=torch.float64, device=dev), torch.ones(n, dtype=torch.float64, device=dev)
-    conds = [(query_scale2 if query_scale2 is not None else ones_q, ref_radius2, True, query_scale2 is None)]
-    if query_radius2 is not None:
-        conds.append((ref_scale2 if ref_scale2 is not None else ones_r, query_radius2, False, ref_scale2 is None))
-    coef, unit, dtype = _coef(query), _UNIT[query.c.dtype], query.c.dtype
-    ambiguous = 0
-    with _full_precision():
-        for rows in _tiles(m, block_size):
-            for cols in _tiles(n, block_size):
-                s = _screen(query, rows, ref, cols)
-                masks, near = [], None
-                rn_max = ref.norm[cols].max()
-                for scale, radius, on_query, unit_scale in conds:
-                    sc = scale[rows, None] if on_query else scale[None, cols]
-                    rad = radius[None, cols] if on_query else radius[rows, None]
-                    if unit_scale:  # one loose tolerance for the tile: thresholds are plain vectors, no float temporary
-                        tol = (query.norm[rows].max() + rn_max).square() * coef + 32 * unit * rad.max()
-                        sure_in = s < (rad - tol).to(dtype)
-                        amb = (s <= (rad + tol).to(dtype)).logical_and_(~sure_in)
-                    else:  # one loose tolerance per row (largest norm, scale and radius of the tile)
-                        tol = (query.norm[rows] + rn_max).square() * coef * sc.amax(1) + 32 * unit * rad.amax(1)
-                        t = (s * sc.to(dtype)).sub_(rad.to(dtype))
-                        tol = tol.to(dtype)[:, None]
-                        sure_in = t < -tol
-                        amb = t.abs_() <= tol
-                    masks.append(sure_in)
-                    near = amb if near is None else near.logical_or_(amb)
-                near_rows = near.view(torch.uint8).amax(1).nonzero().squeeze(1)  # u8 max: far cheaper than any()
-                qi, ri = near[near_rows].nonzero(as_tuple=True)
-                qi = near_rows[qi]
-                if qi.numel():
-                    gq, gr = qi + rows.start, ri + cols.start
-                    sp = s[qi, ri].double()
-                    band = (query.norm[gq] + ref.norm[gr]).square_().mul_(coef)
-                    todo = []
-                    for mask, (scale, radius, on_query, _) in zip(masks, conds, strict=True):
-                        sc = scale[gq] if on_query else scale[gr]
-                        rad = radius[gr] if on_query else radius[gq]
-                        t, tol = sp * sc - rad, band * sc + 32 * unit * rad
-                        mask[qi, ri] = t < -tol
-                        todo.append((t.abs() <= tol, mask, sc, rad))
-                    exact_needed = torch.stack([u for u, *_ in todo]).any(0)
-                    ambiguous += int(exact_needed.sum())
-                    if bool(exact_needed.any()):
-                        e = _pairs_sq(query, gq[exact_needed], ref, gr[exact_needed])
-                        cmp = torch.lt if strict else torch.le
-                        for _, mask, sc, rad in todo:
-                            mask[qi[exact_needed], ri[exact_needed]] = cmp(e * sc[exact_needed], rad[exact_needed])
-                a8 = masks[0].view(torch.uint8)
-                counts[rows] += a8.sum(1, dtype=torch.int32)
-                covered[cols] |= a8.amax(0).bool()
-                if inside is not None:
-                    inside[cols] |= masks[1].view(torch.uint8).amax(0).bool()
-    return BallStats(counts, covered, inside, ambiguous)

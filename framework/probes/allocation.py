@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -25,6 +24,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from framework.errors import run_cli
 
 FILE_NAME, TSV_NAME = "head_allocation.json", "gates.tsv"
 FORMAT_VERSION = 1
@@ -208,18 +209,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     show.add_argument("source")
     show.add_argument("--revision")
     args = parser.parse_args(argv)
-    try:
-        if args.command == "push":
-            commit = HeadAllocation.load(args.source).push_to_hub(args.repo_id, args.revision, args.private)
-            print(f"pushed {FILE_NAME} to {args.repo_id} at commit {commit}")
-        else:
-            alloc = HeadAllocation.from_pretrained(args.source, args.revision)
-            print(f"{alloc.method or 'allocation'}: sink={alloc.sink} recent={alloc.recent} sparsity={alloc.sparsity}")
-            print(alloc.to_tsv(), end="")
-    except (OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return run_cli(lambda: _push(args) if args.command == "push" else _show(args))
+
+
+def _push(args: argparse.Namespace) -> None:
+    commit = HeadAllocation.load(args.source).push_to_hub(args.repo_id, args.revision, args.private)
+    print(f"pushed {FILE_NAME} to {args.repo_id} at commit {commit}")
+
+
+def _show(args: argparse.Namespace) -> None:
+    alloc = HeadAllocation.from_pretrained(args.source, args.revision)
+    print(f"{alloc.method or 'allocation'}: sink={alloc.sink} recent={alloc.recent} sparsity={alloc.sparsity}")
+    print(alloc.to_tsv(), end="")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ State = the sample's penultimate feature from the training forward pass; action 
 min-max normalised, u = H(softmax z)/log C, w = Var(l)/(Var(l)+Var(u)); r is normalised by running
 statistics of batch means. PPO every 10 batches: GAE(γ, λ) over the sequence of batches, advantages scaled
 by their std without centring, K full-batch epochs, clip 0.2, no entropy bonus. Read at Jackbrocp/Data-Agent
-(PPO.py, train.py, normalization.py, dataloader.py).
+(PPO.py, train.py, normalization.py, dataloader.py). The reward is in `framework.samplers.reward`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,12 @@ from torch import Tensor, nn
 from torch.distributions import Beta
 
 from framework.samplers.policies import Step, TopKPolicy, gumbel_top_k, top_k
+from framework.samplers.reward import RewardNormalizer, adaptive_weight, composite_reward, difficulty, uncertainty
 from framework.samplers.table import ScoreTable
+
+# the reward's pieces lived here first: importing them from here still works
+__all__ = ["BetaActor", "Critic", "DataAgentPolicy", "PPOAgent", "RewardNormalizer", "adaptive_weight", "batch_rank",
+           "composite_reward", "difficulty", "uncertainty"]
 
 
 def _orthogonal(layer: nn.Linear, gain: float, generator: torch.Generator) -> nn.Linear:
@@ -65,68 +70,6 @@ class Critic(nn.Module):
 
     def forward(self, s: Tensor) -> Tensor:
         return self.net(s).squeeze(-1)
-
-
-# -- the reward ------------------------------------------------------------------------------------------------
-def difficulty(losses: Tensor, quantile: float = 0.95) -> Tensor:
-    """Loss-based difficulty: clip above at the batch `quantile`, min-max normalise to [0, 1]."""
-    clipped = losses.clamp(max=torch.quantile(losses, quantile))
-    lo, hi = clipped.min(), clipped.max()
-    return (clipped - lo) / (hi - lo + 1e-8)
-
-
-def uncertainty(logits: Tensor) -> Tensor:
-    """Confidence-based uncertainty: predictive entropy / log C, in [0, 1] (the code's log(p + 1e-8))."""
-    p = logits.float().softmax(-1)
-    return -(p * torch.log(p + 1e-8)).sum(-1) / math.log(logits.shape[-1])
-
-
-def adaptive_weight(hard: Tensor, unsure: Tensor, eps: float = 1e-8) -> Tensor:
-    """The tuning-free weight w = Var(l) / (Var(l) + Var(u) + ε), clamped to [0, 1] (unbiased variances), for
-    difficulty l = `hard` and uncertainty u = `unsure`."""
-    vl, vu = hard.var(), unsure.var()
-    return (vl / (vl + vu + eps)).clamp(0.0, 1.0)
-
-
-def composite_reward(
-    logits: Tensor, targets: Tensor, actions: Tensor, label_smoothing: float = 0.1
-) -> tuple[Tensor, dict[str, float]]:
-    """r_i = a_i·(w·l_i + (1−w)·u_i), before normalisation; also returns w and the two variances."""
-    losses = F.cross_entropy(logits.float(), targets.long(), reduction="none", label_smoothing=label_smoothing)
-    hard, unsure = difficulty(losses), uncertainty(logits)
-    w = adaptive_weight(hard, unsure)
-    reward = actions * (w * hard + (1 - w) * unsure)
-    return reward, {"w": float(w), "var_l": float(hard.var()), "var_u": float(unsure.var())}
-
-
-class RewardNormalizer:
-    """`batch_RunningMeanStd` + `batch_Normalization`: running mean and (population) std of *batch means*;
-    the first batch sets mean = its mean and std = its own sample std, as the released code does."""
-
-    def __init__(self) -> None:
-        self.n, self.mean, self.S, self.std = 0, 0.0, 0.0, 0.0
-
-    def update(self, x: Tensor) -> None:
-        m = float(x.mean())
-        self.n += 1
-        if self.n == 1:
-            self.mean, self.std = m, float(x.std()) if x.numel() > 1 else 0.0
-        else:
-            old = self.mean
-            self.mean = old + (m - old) / self.n
-            self.S += (m - old) * (m - self.mean)
-            self.std = math.sqrt(self.S / self.n)
-
-    def __call__(self, x: Tensor, update: bool = True) -> Tensor:
-        if update:
-            self.update(x)
-        return (x - self.mean) / (self.std + 1e-8)
-
-    def state_dict(self) -> dict[str, float]:
-        return {"n": self.n, "mean": self.mean, "S": self.S, "std": self.std}
-
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        self.n, self.mean, self.S, self.std = int(state["n"]), state["mean"], state["S"], state["std"]
 
 
 # -- PPO -------------------------------------------------------------------------------------------------------

@@ -20,11 +20,13 @@ from helpers import REPO
 from framework.callbacks.growth import OrthogonalGrowth
 from framework.checkpointing import CheckpointError, check_checkpoint
 from framework.data.text import ByteCorpus
+from framework.errors import InputError
 from framework.grow.cli import main as grow_main
 from framework.models.moe import MoETransformerLM
 from framework.modules.causal_lm import CausalLM
 from framework.optim import OLion
 from framework.optim.schedulers import warmup_cosine
+from framework.resume import checked_resume
 
 STEPS, AT = 6, 3
 
@@ -180,11 +182,13 @@ def test_a_post_growth_checkpoint_loads_into_a_fresh_ungrown_module_with_strict_
     rebuilt = MoETransformerLM(**config)
     rebuilt.load_state_dict({k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}, strict=True)
     small = lm()
-    check_checkpoint(tmp_path / "ckpt" / f"step{AT + 1}.ckpt", small)  # train.py's pre-check replays the growth
-    assert len(small.model.blocks) == 2  # ... on a meta-device copy: the module itself is untouched
+    step, _ = checked_resume(str(tmp_path / "ckpt" / f"step{AT + 1}.ckpt"), small, tmp_path)  # replays the growth
+    assert step == AT + 1 and len(small.model.blocks) == 2  # ... on a meta-device copy: the module is untouched
+    with pytest.raises(CheckpointError, match="saved from a different model"):  # the reader alone compares as given
+        check_checkpoint(tmp_path / "ckpt" / f"step{AT + 1}.ckpt", small)
     other = CausalLM(MoETransformerLM(vocab_size=256, dim=48, depth=2, heads=2, num_experts=2, top_k=1))
-    with pytest.raises(CheckpointError, match="saved from a different model"):
-        check_checkpoint(tmp_path / "ckpt" / f"step{AT + 1}.ckpt", other)
+    with pytest.raises(InputError, match="saved from a different model"):
+        checked_resume(str(tmp_path / "ckpt" / f"step{AT + 1}.ckpt"), other, tmp_path)
     fresh, cb = lm(), growth(zero_init_copies=True)
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[cb], enable_progress_bar=False,
                         limit_val_batches=1, enable_model_summary=False)
@@ -254,8 +258,9 @@ def test_a_run_killed_after_growth_resumes_to_the_same_weights_as_an_uninterrupt
 
 # ---- offline growth: the output is pushable and loads back with from_pretrained --------------------------------
 def test_offline_growth_output_pushes_to_the_hub_and_loads_back_with_from_pretrained(full_run, tmp_path):
+    from support.local_hub import LocalHub, patch_client
+
     from framework.hub import from_pretrained, push_to_hub
-    from framework.testing.local_hub import LocalHub, patch_client
 
     out = tmp_path / "grown"
     assert grow_main([str(full_run), "--depth", "2", "--width", "2", "--zero-init", "--alpha", "0", "--out",

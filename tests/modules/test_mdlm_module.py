@@ -95,7 +95,7 @@ def test_init_from_loads_a_run_checkpoint_and_refuses_another_architecture(tmp_p
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), module.model.state_dict().values(),
                                                 strict=True))
     other = TransformerLM(vocab_size=data.vocab_size, dim=48, depth=1, heads=2, causal=False)
-    with pytest.raises(ValueError, match="does not fit this model"):
+    with pytest.raises(ValueError, match="does not fit model"):
         load_weights_into(other, ckpt)
     with pytest.raises(FileNotFoundError, match="no checkpoints/last.ckpt"):
         load_weights_into(other, tmp_path / "checkpoints")

@@ -4,6 +4,7 @@ the PyTorch mixin, typed errors, persistence across restarts, and the loopback-o
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.error
@@ -21,9 +22,8 @@ from huggingface_hub.errors import (  # noqa: E402
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-
-from framework.testing._hub_storage import git_blob_sha  # noqa: E402
-from framework.testing.local_hub import LocalHub, patch_client  # noqa: E402
+from support._hub_storage import git_blob_sha  # noqa: E402
+from support.local_hub import LocalHub, patch_client  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -232,3 +232,14 @@ def test_cli_help() -> None:
                             capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr
     assert "--root" in result.stdout and "--port" in result.stdout
+
+
+def test_support_is_the_tests_folder_and_nothing_installed_shadows_it() -> None:
+    """`support` resolves to tests/support under pytest, and to nothing outside it (no installed package clashes)."""
+    import support
+
+    assert Path(support.__file__).parent == REPO_ROOT / "tests" / "support"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", "import support"], capture_output=True, text=True, timeout=60,
+                            cwd=REPO_ROOT, env=env)
+    assert result.returncode == 1 and "No module named 'support'" in result.stderr, result.stderr

@@ -1,7 +1,9 @@
 """Fault injection for tests and chaos runs: kill the training process at a chosen step, the hard way.
 
-Add it to any run from the command line without registering anything:
-`+callbacks.kill._target_=framework.testing.faults.KillAtStep +callbacks.kill.step=3`.
+Add it to any run from the command line without registering anything, with `tests/` on the path (it is test
+code, not part of the installed package):
+`PYTHONPATH=tests python -m framework.train ... +callbacks.kill._target_=support.faults.KillAtStep
++callbacks.kill.step=3`.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ class KillAtStep(L.Callback):
     def __init__(self, step: int, signal_name: str = "SIGKILL"):
         if step < 1:
             raise ValueError(f"step={step} must be >= 1 (the kill happens when that step begins)")
-        self.step, self.signal = step, getattr(signal, signal_name)
+        self.step, self.signal, self.sent = step, getattr(signal, signal_name), False
 
     def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        if trainer.global_step >= self.step:
+        if trainer.global_step >= self.step and not self.sent:  # once: a scheduler signals once, too
+            self.sent = True
             os.kill(os.getpid(), self.signal)

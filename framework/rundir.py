@@ -12,33 +12,64 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-import torch
 from torch import Tensor, nn
+
+from framework import checkpointing
+from framework.errors import CheckpointError, UnsafeWeightsError
 
 SPEC_NAME, RESULTS_NAME = "model_config.json", "results.json"
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
-GROWTH_KEY = "orthogonal_growth"  # framework.callbacks.growth.CHECKPOINT_KEY
+#: where a checkpoint records the architecture OrthogonalGrowth grew (`framework.callbacks.growth` writes it)
+GROWTH_KEY = "orthogonal_growth"
 Build = Callable[[str, dict[str, Any]], nn.Module]
 
 
-def is_local(source: str | Path) -> bool:
-    """True if `source` names something on disk (a run dir or a checkpoint file) rather than a Hub repo id."""
-    return Path(source).exists() or Path(source).suffix == ".ckpt"
+class Source(NamedTuple):
+    """What a source string names: a run dir, a checkpoint file, or a Hub repo id."""
+
+    kind: str  # "run_dir" | "checkpoint" | "repo"
+    value: str
+
+    @property
+    def is_local(self) -> bool:
+        return self.kind != "repo"
 
 
-def state_from_checkpoint(ckpt_path: str | Path, ema: bool = False) -> dict[str, Tensor]:
-    """The backbone's state_dict (or its EMA copy) from a Lightning checkpoint, LoRA adapters folded in."""
-    return backbone_state(read_checkpoint(ckpt_path), ckpt_path, ema)
+#: the sources the command lines take, as their error messages list them
+SOURCES = "RUN_DIR, RUN_DIR/checkpoints/X.ckpt, REPO_ID ('namespace/name')"
+
+
+def resolve_source(source: str | Path) -> Source:
+    """The one place that decides whether `source` is a run dir, a checkpoint file or a Hub repo id. Something
+    that exists on disk is local; what looks like a path but does not exist, or is no valid repo id, is refused
+    (FileNotFoundError naming it and the valid sources). Whether the Hub has the repo is the Hub's to say."""
+    text = str(source)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return Source("run_dir", text)
+    if path.is_file():
+        return Source("checkpoint", text)
+    if path.suffix == ".ckpt":
+        raise FileNotFoundError(f"no such checkpoint file: {text}")
+    unknown = f"unknown source {text!r}: no such run dir or .ckpt file, and not a Hub repo id; valid sources: {SOURCES}"
+    if path.is_absolute() or text.startswith((".", "~")) or text.count("/") != 1:
+        raise FileNotFoundError(unknown)
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        raise FileNotFoundError(unknown) from None
+    return Source("repo", text)
 
 
 def backbone_state(raw: dict[str, Any], ckpt_path: str | Path, ema: bool = False) -> dict[str, Tensor]:
-    """`state_from_checkpoint` for a checkpoint already read (`ckpt_path` names it in errors)."""
+    """The backbone's state_dict (or its EMA copy) from a checkpoint already read, LoRA adapters folded in
+    (`ckpt_path` names it in errors)."""
     state = raw.get("state_dict", raw)
     if not isinstance(state, dict):
-        from framework.hub.common import UnsafeWeightsError
-
         raise UnsafeWeightsError(f"{ckpt_path} holds no state_dict")
     if ema:
         state = {k.removeprefix("ema."): v for k, v in state.items() if k.startswith("ema.")}
@@ -54,16 +85,12 @@ def backbone_state(raw: dict[str, Any], ckpt_path: str | Path, ema: bool = False
 
 
 def read_checkpoint(ckpt_path: str | Path) -> dict[str, Any]:
-    """A checkpoint's contents, loaded with `weights_only=True` (UnsafeWeightsError if that refuses it)."""
-    from framework.hub.common import UnsafeWeightsError
-
+    """A checkpoint's contents (`framework.checkpointing.read_checkpoint`: weights_only=True), refused as
+    UnsafeWeightsError when that reader refuses it: here a checkpoint is a model's weights to load."""
     try:
-        raw = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise UnsafeWeightsError(f"cannot load {ckpt_path} with weights_only=True: {err}") from err
-    if not isinstance(raw, dict):
-        raise UnsafeWeightsError(f"{ckpt_path} holds no state_dict")
-    return raw
+        return checkpointing.read_checkpoint(ckpt_path)
+    except CheckpointError as err:
+        raise UnsafeWeightsError(str(err)) from err
 
 
 class RunDir:
@@ -143,6 +170,6 @@ def load_state(model: nn.Module, state: dict[str, Tensor], where: str | Path) ->
 
 
 __all__ = [
-    "Build", "GROWTH_KEY", "LAST_CHECKPOINT", "RESULTS_NAME", "RunDir", "SPEC_NAME", "backbone_state", "is_local",
-    "load_state", "read_checkpoint", "state_from_checkpoint",
+    "Build", "GROWTH_KEY", "LAST_CHECKPOINT", "RESULTS_NAME", "RunDir", "SOURCES", "SPEC_NAME", "Source",
+    "backbone_state", "load_state", "read_checkpoint", "resolve_source",
 ]

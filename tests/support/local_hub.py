@@ -29,21 +29,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from framework.testing._hub_storage import (
+from ._hub_routes import RepoRoutes
+from ._hub_storage import (
     REPO_TYPES,
     URL_PREFIX,
     USER_NAME,
     WHOAMI,
     HubError,
     HubStorage,
-    commit_payload,
     json_object,
-    list_tree,
-    parse_commit_payload,
     parse_range,
-    repo_info_payload,
-    truthy,
-    with_last_commits,
     yaml_front_matter,
 )
 
@@ -65,8 +60,9 @@ def _loopback_host(host: str) -> str:
     return str(ip)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    """Routes one request to the Hub endpoint it imitates; every error becomes a Hub-style JSON 4xx/5xx."""
+class _Handler(RepoRoutes, BaseHTTPRequestHandler):
+    """Routes one request to the Hub endpoint it imitates (the per-repo ones in `_hub_routes`); every error
+    becomes a Hub-style JSON 4xx/5xx."""
 
     protocol_version = "HTTP/1.1"
     server_version = "LocalHub/1.0"
@@ -167,69 +163,6 @@ class _Handler(BaseHTTPRequestHandler):
             return self._repo_api(method, segs[0][:-1], segs[1:], query, body)
         else:
             return False
-        return True
-
-    def _repo_api(self, method: str, repo_type: str, segs: list[str], query: dict[str, str],
-                  body: bytes) -> bool:
-        st = self.server.storage
-        if len(segs) == 1:  # a namespace-less legacy id such as "gpt2"
-            raise HubError(404, f"Repository {segs[0]!r} not found (ids are 'ns/name')", "RepoNotFound")
-        if not segs:
-            return False
-        repo_id, rest = f"{segs[0]}/{segs[1]}", segs[2:]
-        match (method, rest):
-            case ("GET", []) | ("GET", ["revision", _]):
-                commit = st.resolve(repo_type, repo_id, rest[1] if rest else "main")
-                self._json(repo_info_payload(st, repo_type, repo_id, commit))
-            case ("GET", ["tree", rev, *path]):
-                commit = st.resolve(repo_type, repo_id, rev)
-                entries = list_tree(commit.tree, "/".join(path), truthy(query.get("recursive")))
-                if entries is None:
-                    raise HubError(404, f"{'/'.join(path)!r} is not a folder of {repo_id} at {rev}",
-                                   "EntryNotFound", {"X-Repo-Commit": commit.id})
-                if truthy(query.get("expand")):
-                    entries = with_last_commits(st.history(repo_type, repo_id, commit.id), entries)
-                self._json(entries)
-            case ("POST", ["paths-info", rev]):
-                if self.headers.get("Content-Type", "").startswith("application/json"):
-                    data = self._body_json(body)
-                else:
-                    data = {k: v if k == "paths" else v[-1] for k, v in parse_qs(body.decode()).items()}
-                paths = data.get("paths") or []
-                wanted = {p.strip("/") for p in ([paths] if isinstance(paths, str) else paths)}
-                commit = st.resolve(repo_type, repo_id, rev)
-                entries = [e for e in list_tree(commit.tree, "", recursive=True) or [] if e["path"] in wanted]
-                if truthy(data.get("expand")):
-                    entries = with_last_commits(st.history(repo_type, repo_id, commit.id), entries)
-                self._json(entries)
-            case ("GET", ["refs"]):
-                branches = [{"name": n, "ref": f"refs/heads/{n}", "targetCommit": c}
-                            for n, c in sorted(st.branches(repo_type, repo_id).items())]
-                self._json({"branches": branches, "converts": [], "tags": [], "pullRequests": []})
-            case ("GET", ["commits", rev]):
-                self._json([commit_payload(c) for c in st.history(repo_type, repo_id, rev)])
-            case ("POST", ["preupload", rev]):  # always "regular": the client never takes the LFS/Xet path
-                commit = st.resolve(repo_type, repo_id, rev)
-                files = [{"path": f.get("path"), "uploadMode": "regular", "shouldIgnore": False, "oid": None}
-                         for f in self._body_json(body).get("files") or []]
-                self._json({"commitOid": commit.id, "files": files})
-            case ("POST", ["commit", rev]):
-                if truthy(query.get("create_pr")):
-                    raise HubError(400, f"LocalHub does not support pull requests (create_pr=1 on {repo_id})")
-                header, ops = parse_commit_payload(body)
-                commit = st.commit(repo_type, repo_id, rev, ops, header["summary"],
-                                   header.get("description") or "", header.get("parentCommit"))
-                url = f"{self._base()}/{URL_PREFIX[repo_type]}{repo_id}/commit/{commit.id}"
-                self._json({"commitUrl": url, "commitOid": commit.id, "pullRequestUrl": None})
-            case ("POST", ["branch", branch]):
-                start = self._body_json(body).get("startingPoint") or "main"
-                st.create_branch(repo_type, repo_id, branch, start)
-                self._json({})
-            case ("DELETE", ["branch", branch]):
-                st.delete_branch(repo_type, repo_id, branch)
-                self._json({})
-            case _:
-                return False
         return True
 
     def _resolve(self, method: str, segs: list[str]) -> bool:

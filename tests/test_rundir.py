@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from framework.generate import generate_tokens, load_source
+from framework.generate import generate_tokens, load_generator
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "head_e200ebb"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
@@ -31,7 +31,7 @@ def old(hub, tmp_path_factory):
 
 @pytest.mark.parametrize("case", EXPECTED["cases"], ids=lambda c: f"{c['source']}-ema{c['ema']}-t{c['temperature']}")
 def test_old_run_dirs_checkpoints_and_hub_repos_generate_the_tokens_they_generated_at_e200ebb(old, case):
-    model, mask_id = load_source(old[case["source"]], ema=case["ema"])
+    model, mask_id = load_generator(old[case["source"]], ema=case["ema"])
     tokens = generate_tokens(model, EXPECTED["prompt"], EXPECTED["length"], EXPECTED["steps"],
                              temperature=case["temperature"], mask_id=mask_id, seed=EXPECTED["seed"])
     assert tokens.tolist() == case["tokens"]
@@ -44,7 +44,7 @@ def _same(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> bool:
 
 @pytest.mark.parametrize("source", ["run", "ckpt", "hub"])
 def test_grow_and_init_from_load_the_old_weights_from_every_kind_of_source(old, source):
-    from framework.grow.cli import load_source as grow_source
+    from framework.grow.cli import load_growable as grow_source
     from framework.hub import from_pretrained, load_weights_into
 
     model, spec = grow_source(old[source])
@@ -67,7 +67,7 @@ def test_an_old_run_dir_pushes_the_same_model_and_config_it_pushed_at_e200ebb(ol
 def _tiny_run(where: Path, saved_depth: int, spec_depth: int, growth: bool = True) -> Path:
     """A run dir whose model_config.json says `spec_depth` layers and whose checkpoint holds `saved_depth`."""
     from framework.models.transformer import TransformerLM
-    from framework.runs import GROWTH_KEY, LAST_CHECKPOINT, SPEC_NAME
+    from framework.rundir import GROWTH_KEY, LAST_CHECKPOINT, SPEC_NAME
 
     model = TransformerLM(vocab_size=8, dim=8, depth=saved_depth, heads=2)
     (where / LAST_CHECKPOINT).parent.mkdir(parents=True)
@@ -79,8 +79,8 @@ def _tiny_run(where: Path, saved_depth: int, spec_depth: int, growth: bool = Tru
 
 
 def test_a_checkpoint_saved_before_growth_builds_the_architecture_it_records(tmp_path):
-    from framework.hub.catalog import build
-    from framework.runs import RunDir
+    from framework.hub import registered_model as build
+    from framework.rundir import RunDir
 
     run = RunDir(_tiny_run(tmp_path, saved_depth=1, spec_depth=2))
     assert run.model_config(grown=False)["config"]["depth"] == 2 and run.model_config()["config"]["depth"] == 1
@@ -90,7 +90,7 @@ def test_a_checkpoint_saved_before_growth_builds_the_architecture_it_records(tmp
 
 
 def test_a_run_dir_names_what_it_lacks(tmp_path):
-    from framework.runs import RunDir
+    from framework.rundir import RunDir
 
     run = _tiny_run(tmp_path / "run", saved_depth=1, spec_depth=1)
     with pytest.raises(ValueError, match="has no EMA weights"):

@@ -1,0 +1,94 @@
+"""The Hydra application of `python -m framework.train`: the Trainer and Hub settings, the defaults list, the primary
+`train` config, and `register_app`, which hands the catalog and conf/'s YAML to Hydra's store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from hydra_zen import builds, make_config
+
+from framework.registry import ZEN_STORE, load_catalog
+
+RUN_DIR = "${hydra:runtime.output_dir}"
+
+TrainerConf = builds(
+    L.Trainer,
+    populate_full_signature=True,
+    zen_partial=True,
+    accelerator="cpu",
+    devices=1,
+    max_steps=200,
+    max_epochs=-1,
+    val_check_interval=None,
+    check_val_every_n_epoch=1,
+    log_every_n_steps=10,
+    num_sanity_val_steps=0,
+    inference_mode=False,  # no_grad for evaluation: metric states stay ordinary tensors across validate/fit
+    use_distributed_sampler=False,  # framework data modules shard themselves, deterministically
+    enable_model_summary=False,
+    enable_progress_bar=None,  # None: a bar on a terminal, quiet when output goes to a file or pipe
+    default_root_dir=RUN_DIR,
+)
+
+HubConf = make_config(repo_id=None, revision=None, private=False, every_n_validations=0)
+
+DEFAULTS = [
+    "_self_",
+    {"data": "byte_corpus"},
+    {"model": "transformer_lm"},
+    {"module": "causal_lm"},
+    {"optimizer": "adamw"},
+    {"scheduler": "warmup_cosine"},
+    {"callbacks": ["checkpoint"]},
+    {"loss": None},
+    {"metric": None},  # a registered metric (e.g. `metric=gicdm`), for modules that take one
+    {"sampler": None},  # dynamic data selection (`sampler=data_agent`); None trains on every sample as before
+    {"recipe": None},  # a recipe overrides the choices above; None lets `recipe=NAME` go without '+'
+    {"size": "cpu"},  # conf/size/: cpu (the recipe's own values), smoke, gpu; after the recipe, so it wins
+    {"optional preset": "${recipe}/${size}"},  # conf/preset/RECIPE/SIZE.yaml: that recipe's values for the size
+    {"override hydra/job_logging": "framework"},  # conf/hydra/job_logging/framework.yaml
+]
+
+TrainConfig = make_config(
+    hydra_defaults=DEFAULTS,
+    data=None,
+    model=None,
+    module=None,
+    optimizer=None,
+    scheduler=None,
+    callbacks=None,
+    loss=None,
+    sampler=None,
+    metric=None,
+    recipe=None,
+    trainer=TrainerConf,
+    hub=HubConf,
+    seed=0,
+    threads=None,
+    ckpt_path=None,
+    init_from=None,
+    validate_before_fit=True,
+    test=False,
+)
+
+
+def seed_everything(seed: int, threads: int | None = None) -> None:
+    """Seed Python, NumPy and torch before anything is built; optionally fix the torch thread count."""
+    L.seed_everything(seed, workers=True, verbose=False)
+    if threads:
+        torch.set_num_threads(int(threads))
+
+
+def register_app(conf_folders: list[Path] | None = None) -> None:
+    """Fill the catalog and hand every config (groups, recipes, the primary `train`, conf/'s YAML: Hydra settings,
+    sizes, presets, YAML recipes; then that of `conf_folders`, the command line's `hydra.searchpath`) to Hydra."""
+    from framework.recipe import CONF_DIR, load_conf
+
+    load_catalog()
+    ZEN_STORE(TrainConfig, name="train")
+    load_conf(CONF_DIR)
+    for folder in conf_folders or []:
+        load_conf(folder, store=False)  # Hydra reads these itself; the catalog learns their recipe names
+    ZEN_STORE.add_to_hydra_store(overwrite_ok=True)

@@ -1,0 +1,72 @@
+"""Wiring the built groups into a run: the LightningModule and the callback set. The run pipeline
+(`framework.pipeline`) and the preflight (`framework.preflight`, on the meta device) both call `assemble`."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import lightning as L
+
+from framework.modules.data_spec import DataSpec
+from framework.registry import LOSSES, METRICS, MODULES
+
+#: group → the module's constructor argument it is handed to (the `loss` group is a module's extra loss term)
+MODULE_ARGS = {"loss": "extra_loss", "metric": "metric"}
+
+
+def assemble(
+    data: Any,
+    model: Any,
+    module: Any,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    loss: Any = None,
+    metric: Any = None,
+    sampler: Any = None,
+    callbacks: dict[str, L.Callback] | None = None,
+    seed: int | None = 0,
+    choices: dict[str, Any] | None = None,
+) -> tuple[L.LightningModule, dict[str, L.Callback]]:
+    """Wire the built groups into the LightningModule and the callback set that `train` fits (the CLI's preflight
+    runs the same on the meta device, so a group this ignores would show). A data module without a seed takes
+    the run's. A `loss` or `metric` goes to a module whose constructor takes it (`MODULE_ARGS`); any other module
+    refuses it (ValueError naming the modules that take one, and the group's choice from `choices` if given)."""
+    if getattr(data, "seed", 0) is None:
+        data.seed = seed
+    spec = DataSpec.of(data)
+    extra = {MODULE_ARGS[group]: _handed_to(module, group, part, (choices or {}).get(group))
+             for group, part in (("loss", loss), ("metric", metric)) if part is not None}
+    if "extra_loss" in extra:  # the loss is built (with the data's mask and pad ids) once the module takes it
+        extra["extra_loss"] = spec.complete(loss)()
+    lm = spec.complete(module)(model=model, optimizer=optimizer, scheduler=scheduler, **extra)
+    callbacks = dict(callbacks or {})
+    if sampler is not None:  # a selection policy: the DataSelection callback runs it (added if not listed)
+        from framework.callbacks.selection import with_selection
+
+        callbacks = with_selection(callbacks, sampler() if isinstance(sampler, functools.partial) else sampler, seed)
+    return lm, callbacks
+
+
+def _handed_to(module: Any, group: str, part: Any, choice: str | None = None) -> Any:
+    """`part` (the built `group` choice), after checking that `module` takes it; ValueError in the user's words."""
+    target, arg = getattr(module, "func", module), MODULE_ARGS[group]
+    if arg in inspect.signature(target).parameters:
+        return part
+    registry = {"loss": LOSSES, "metric": METRICS}[group]
+    kind = getattr(part, "func", type(part))
+    names = [n for n in registry.names() if registry.get(n) is kind]
+    choice = choice or (names[0] if len(names) == 1 else None)
+    chosen = f"{group}={choice}" if choice else f"{group} {getattr(kind, '__name__', kind)}"
+    takers = [n for n in MODULES.names() if arg in inspect.signature(MODULES.get(n)).parameters]
+    what, verb = ("loss term", "add") if group == "loss" else ("metric", "evaluate")
+    raise ValueError(f"{chosen}: module {_registered_name(MODULES, target)!r} takes no {what}, so it would be "
+                     f"ignored; modules that {verb} one: {', '.join(takers) or '(none)'}")
+
+
+def _registered_name(registry: Any, target: Any) -> str:
+    try:
+        return registry.name_of(target)
+    except LookupError:
+        return getattr(target, "__name__", repr(target))

@@ -1,0 +1,166 @@
+"""The run pipeline of `python -m framework.train`: build the run from the composed groups, fit it, record it,
+push it. It raises (`framework.errors`) and never exits; `framework.train.main` maps the errors to exit codes.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import shlex
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+
+from framework.assembly import assemble
+from framework.callbacks.run_record import RunRecord, numbers
+from framework.callbacks.safety import GracefulInterrupt, StopOnNonFinite, StopRequested
+from framework.checkpointing import AtomicCheckpointIO, ResumableCSVLogger
+from framework.console import log_to_run_file
+from framework.errors import PushAfterTrainingError, RunInterrupted
+from framework.resume import checked_resume
+
+
+def train(
+    data: L.LightningDataModule,
+    model: Any,
+    module: Any,
+    optimizer: Any,
+    trainer: Any,
+    hub: Any,
+    seed: int,
+    scheduler: Any = None,
+    callbacks: dict[str, L.Callback] | None = None,
+    loss: Any = None,
+    sampler: Any = None,
+    metric: Any = None,
+    ckpt_path: str | None = None,
+    init_from: str | None = None,
+    validate_before_fit: bool = True,
+    test: bool = False,
+) -> dict[str, Any]:
+    """Instantiate the run from the composed groups, fit it, record it. Returns the results (`results.json`)."""
+    log_to_run_file()
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    choices = dict(HydraConfig.get().runtime.choices)
+    lm, callbacks = assemble(data, model, module, optimizer, scheduler, loss, metric, sampler, callbacks, seed, choices)
+    if init_from:
+        from framework.hub import load_weights_into
+
+        load_weights_into(lm.model, init_from)
+    resume_step, ckpt_path = checked_resume(ckpt_path, lm, run_dir)
+    record = RunRecord(run_dir, command_line(), command_line(drop=("ckpt_path",)), choices, resumed_from=ckpt_path)
+    interrupt = GracefulInterrupt(resume_hint=record.resume_command)
+    show_bar = _show_progress_bar(trainer.keywords.get("enable_progress_bar"))
+    run = trainer(
+        callbacks=[*callbacks.values(), *_hub_callbacks(hub), *_guards(optimizer, interrupt, show_bar), record],
+        logger=_loggers(run_dir, resume_step),
+        enable_progress_bar=show_bar,
+        plugins=trainer.keywords.get("plugins") or [AtomicCheckpointIO()],  # a kill never corrupts a checkpoint
+    )
+
+    initial = {}
+    if validate_before_fit and ckpt_path is None:
+        metrics = run.validate(lm, datamodule=data, verbose=False)  # [] when trainer.limit_val_batches=0
+        initial = numbers(metrics[0], suffix="_init") if metrics else {}
+    try:
+        run.fit(lm, datamodule=data, ckpt_path=ckpt_path)
+    except StopRequested:
+        pass  # GracefulInterrupt saved the checkpoint (every rank stops alike)
+    if interrupt.saved_path:  # a stop request: stop here, on every rank (the checkpoint and how to resume are printed)
+        record.interrupted(run, interrupt.saved_path, interrupt.signum)
+        raise RunInterrupted(interrupt.saved_path, run.global_step, interrupt.signum or signal.SIGINT)
+    results = record.finish(run, lm, initial, _final_metrics(run, lm, data, test))
+    if run.is_global_zero and hub.repo_id:
+        results["hub"] = _push_run(run_dir, hub)
+    return results
+
+
+def command_line(extra: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> str:
+    """This run's command, as typed (`sys.argv`), without the `drop` keys' overrides and with `extra` appended."""
+    keep = [a for a in sys.argv[1:] if not any(a.lstrip("+").startswith(f"{key}=") for key in drop)]
+    return "python -m framework.train " + " ".join(shlex.quote(a) for a in [*keep, *extra])
+
+
+def _loggers(run_dir: Path, resume_step: int | None) -> list[Any]:
+    """CSV logs (and TensorBoard's where installed); a resumed run continues them from its step, dropping later
+    rows (and hiding TensorBoard's abandoned events)."""
+    loggers = [ResumableCSVLogger(save_dir=str(run_dir), name="csv", version="", resume_step=resume_step)]
+    try:
+        import tensorboard  # noqa: F401
+        from lightning.pytorch.loggers import TensorBoardLogger
+    except ImportError:
+        return loggers
+    purge = {} if resume_step is None else {"purge_step": resume_step}
+    return [*loggers, TensorBoardLogger(save_dir=str(run_dir), name="tb", version="", **purge)]
+
+
+def _show_progress_bar(setting: bool | None) -> bool:
+    """`trainer.enable_progress_bar`; None: a bar on a terminal, quiet when output goes to a file or pipe."""
+    return sys.stdout.isatty() if setting is None else bool(setting)
+
+
+def _guards(optimizer: Any, interrupt: GracefulInterrupt, show_bar: bool) -> list[L.Callback]:
+    """Stop on a non-finite loss (suggesting a tenth of the lr), save on Ctrl-C, and rich's bar where installed."""
+    guards: list[L.Callback] = [StopOnNonFinite(resume_hint=_lower_lr_command(optimizer)), interrupt]
+    if show_bar and importlib.util.find_spec("rich") is not None:
+        from lightning.pytorch.callbacks import RichProgressBar
+
+        guards.append(RichProgressBar())
+    return guards
+
+
+def _final_metrics(run: L.Trainer, lm: L.LightningModule, data: Any, test: bool) -> dict[str, float]:
+    """The logged metrics, what evaluating callbacks report (e.g. mask_sweep), the final weights' validation
+    numbers (not the last scheduled check's) and, with `test=true`, the test set's (`test/...`)."""
+    metrics = numbers(run.callback_metrics)
+    for cb in run.callbacks:
+        metrics.update(numbers(getattr(cb, "results", dict)()))
+    if run.limit_val_batches:
+        metrics.update(numbers(run.validate(lm, datamodule=data, verbose=False)[0]))
+    if test:
+        metrics.update(numbers(run.test(lm, datamodule=data, verbose=False)[0], prefix="test/"))
+    return metrics
+
+
+def _hub_callbacks(hub: Any) -> list[L.Callback]:
+    """Checks `hub.repo_id` before training; `hub.every_n_validations>0` adds intermediate pushes."""
+    if not hub.repo_id:
+        return []
+    from framework.callbacks.hub_push import HubPush
+    from framework.hub import check_repo_id
+
+    check_repo_id(hub.repo_id)
+    if not hub.every_n_validations:
+        return []
+    choices = HydraConfig.get().runtime.choices
+    info = {"recipe": choices.get("recipe"), "model_name": choices.get("model"), "task": choices.get("module"),
+            "datasets": [choices["data"]] if choices.get("data") else [],
+            "command": command_line()}
+    return [HubPush(hub.repo_id, hub.revision, hub.private, hub.every_n_validations, push_at_end=False, info=info)]
+
+
+def _push_run(run_dir: Path, hub: Any) -> dict[str, str]:
+    """Push the finished run dir as one commit and record it in results.json; PushAfterTrainingError (exit 3: all
+    is on disk) if it fails."""
+    from framework.hub import HubPushError, push_to_hub, record_push, retry_command
+
+    args = (hub.repo_id, hub.revision, bool(hub.private))
+    try:
+        pushed = push_to_hub(run_dir, *args)
+    except Exception as err:  # noqa: BLE001 - whatever failed, the run is on disk and the retry command says so
+        retry = "" if isinstance(err, HubPushError) else f" Retry with: {retry_command(run_dir, *args)}"
+        raise PushAfterTrainingError(f"training finished and everything is in {run_dir} (results.json, checkpoints,"
+                                     f" logs), but the push to the Hub failed. {err}{retry}") from err
+    print(f"pushed to the Hub: {pushed.url}")
+    return record_push(run_dir, pushed)
+
+
+def _lower_lr_command(optimizer: Any) -> str:
+    """This run's command line with `optimizer.lr` at a tenth of this run's lr (what a NaN/inf stop suggests)."""
+    lr = optimizer.keywords.get("lr") if isinstance(optimizer, functools.partial) else None
+    lower = (f"optimizer.lr={lr / 10:.3g}",) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else ()
+    return command_line(lower, drop=("ckpt_path", "optimizer.lr"))

@@ -1,0 +1,71 @@
+"""tools/gpu_check.py: its reduced CPU variant runs every check for real and reports one row per check."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+KINDS = {"recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2"}
+
+
+def gpu_check(*args: str) -> subprocess.CompletedProcess:
+    """`python tools/gpu_check.py ARGS` as a user runs it."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "tools/gpu_check.py", *args], capture_output=True, text=True,
+                          timeout=600, cwd=REPO, env=env)
+
+
+def rows(table: str) -> list[dict[str, str]]:
+    """The markdown table's rows as dicts keyed by its header."""
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in lines[0].strip("|").split(" | ")]
+    return [dict(zip(header, (c.strip() for c in line.strip("|").split(" | ")), strict=True)) for line in lines[1:]]
+
+
+def finite_metrics(run_dir: Path) -> dict:
+    """results.json of a run: trained steps and every metric finite."""
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["global_step"] > 0
+    assert results["metrics"] and all(math.isfinite(v) for v in results["metrics"].values())
+    return results
+
+
+def test_the_reduced_cpu_check_runs_every_check_for_real(tmp_path):
+    out = tmp_path / "check"
+    proc = gpu_check("--device", "cpu", "--reduced", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = (out / "table.md").read_text()
+    assert table.strip() in proc.stdout  # the same table printed and written
+    got = rows(table)
+    assert {row["check"].split("/")[0] for row in got} == KINDS
+    assert all(row["ok"] == "yes" for row in got), table
+    assert all(float(row["seconds"]) > 0 for row in got)
+    recipes = [row["check"].split("/")[1] for row in got if row["check"].startswith("recipes/")]
+    assert len(recipes) == 2
+    for name in [*recipes, "fsdp2"]:
+        results = finite_metrics(out / name)
+        assert "trainer.precision=bf16-mixed" in results["command"]
+    assert "distributed_backend=gloo" in (out / "fsdp2" / "train.log").read_text()
+    summary = json.loads((out / "flagship" / "summary.json").read_text())
+    assert summary["size"] == "gpu" and summary["smoke"]
+    assert all(math.isfinite(x) for sweep in summary["sweeps"].values() for x in sweep["acc"] + sweep["tv"])
+    ns = next(row for row in got if row["check"] == "newton_schulz")["result"]
+    assert "float32 agree" in ns and "bfloat16 agree" in ns
+    assert "| mixed s=0.5 |" in (out / "kv_decode.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the rows a missing GPU gives")
+def test_a_failing_check_is_a_row_and_the_exit_code_is_1(tmp_path):
+    proc = gpu_check("--device", "cuda", "--checks", "newton_schulz", "kv_decode", "--out", str(tmp_path))
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = rows((tmp_path / "table.md").read_text())
+    assert [row["check"] for row in got] == ["newton_schulz", "kv_decode"]  # one failure hides no other
+    assert all(row["ok"] == "no" and row["result"] for row in got)

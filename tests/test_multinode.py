@@ -1,0 +1,59 @@
+"""Several nodes, simulated on one machine: the README's two torchrun lines (2 nodes x 1 process, gloo), run as
+printed, both writing into one run dir, end within 1e-6 of the same run as 1 node x 2 processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import REPO
+
+pytestmark = pytest.mark.ddp
+
+
+def cluster_lines() -> list[list[str]]:
+    """The command lines of the README's "On a cluster" section's first bash block (the torchrun lines)."""
+    body = (REPO / "README.md").read_text().split("## On a cluster", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"^```bash\n(.*?)^```", body, flags=re.M | re.S)[0]
+    return [shlex.split(line) for line in block.splitlines() if line.strip()]
+
+
+def _env() -> dict[str, str]:
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return {**os.environ, "PATH": path, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+
+
+def test_two_nodes_by_torchrun_as_printed_end_as_one_node_with_two_processes(tmp_path):
+    lines = cluster_lines()
+    assert len(lines) == 2 and all(line[0] == "torchrun" for line in lines)
+    nodes = [subprocess.Popen(line, cwd=tmp_path, env=_env(), text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for line in lines]
+    outs = [node.communicate(timeout=600) for node in nodes]
+    for node, (_, err) in zip(nodes, outs, strict=True):
+        assert node.returncode == 0, err[-3000:]
+    two_nodes = tmp_path / "runs" / "two_nodes"
+    results = json.loads((two_nodes / "results.json").read_text())
+    assert results["status"] == "finished" and (two_nodes / "results.rank1.json").exists()  # both nodes wrote here
+
+    one_node = tmp_path / "one_node"
+    args = [a for a in lines[0][lines[0].index("-m") + 2:] if not a.startswith(("trainer.num_nodes=",
+                                                                                   "trainer.devices=", "hydra."))]
+    proc = subprocess.run([sys.executable, "-m", "framework.train", *args, "trainer.devices=2",
+                           f"hydra.run.dir={one_node}"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = _weights(two_nodes), _weights(one_node)
+    assert a.keys() == b.keys()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-6
+    assert results["global_step"] == json.loads((one_node / "results.json").read_text())["global_step"]

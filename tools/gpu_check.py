@@ -1,0 +1,342 @@
+"""One script, at most 8 minutes on one NVIDIA GPU, that runs what matters there and prints one markdown table.
+
+recipes: every recipe at size=smoke in bf16-mixed (`framework.train` subprocesses); flagship:
+tools/experiments/mask_agnostic.py --size gpu, steps capped; newton_schulz: sign(NS5(G)) in bf16 / fp32 vs float64;
+kv_decode: tools/bench/kv_cache.py's decode on the device plus a cache-correctness check; fsdp2: char_lm under
+trainer.strategy=fsdp2 on one device. A failing check is a row with ok = no and its last error line; exit 1 if any.
+
+    python tools/gpu_check.py                            # on a lent GPU; the table also goes to runs/gpu_check/table.md
+    python tools/gpu_check.py --device cpu --reduced     # the CPU-sized variant (about a minute on 2 cores)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tools" / "bench")]
+import kv_cache as bench  # noqa: E402  (tools/bench/kv_cache.py: its model, window and table)
+
+from framework.optim.newton_schulz import newton_schulz5  # noqa: E402
+from framework.probes.kv_cache import MixedKVCache, kv_fraction, theoretical_speedup  # noqa: E402
+
+CHECKS = ["recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2"]
+REDUCED_RECIPES = ["char_lm", "data_agent_digits"]
+FLAGSHIP_STEPS = (2000, 300)  # of --size gpu's 6000 pretraining + 500 per arm: what fits next to the other checks
+NS_SHAPES = [(384, 384), (768, 384), (1536, 384), (384, 1536)]  # tools/bench/optimizers.py's d=384 hidden matrices
+NS_FLOOR = {torch.float32: 0.999, torch.bfloat16: 0.99}  # least sign agreement with float64 that passes
+
+
+@dataclass
+class Row:
+    """One line of the table."""
+
+    check: str
+    setting: str
+    result: str
+    seconds: float
+    ok: bool
+
+
+@dataclass
+class Plan:
+    """What the command line asked for."""
+
+    device: str
+    reduced: bool
+    out: Path
+    timeout: float
+    jobs: int
+    flagship_steps: tuple[int, int] = FLAGSHIP_STEPS
+    cuda: bool = True  # device == "cuda"
+
+    def env(self) -> dict[str, str]:
+        """Every subprocess's environment: offline, the cores shared by the jobs going at once."""
+        threads = str(max(1, (os.cpu_count() or 1) // self.jobs))
+        return {**os.environ, "OMP_NUM_THREADS": threads, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def last_error_line(text: str) -> str:
+    """The last `error:` line, else the last line naming an Error/Exception, else the last line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for pick in (lambda s: s.startswith("error:"), lambda s: "Error" in s or "Exception" in s, lambda s: True):
+        found = [line for line in lines if pick(line)]
+        if found:
+            return found[-1]
+    return "(no output)"
+
+
+def run_cmd(cmd: list[str], plan: Plan, run_dir: Path) -> None:
+    """Run one subprocess into a fresh `run_dir`, in its own process group (killed whole on timeout)."""
+    shutil.rmtree(run_dir, ignore_errors=True)  # never read a previous run's results
+    log = plan.out / "logs" / f"{run_dir.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=plan.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=plan.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output = proc.communicate()[0] + f"\nerror: timed out after {plan.timeout:.0f} s"
+    log.write_text(output)
+    if proc.returncode:
+        raise RuntimeError(f"exit {proc.returncode}: {last_error_line(output)}")
+
+
+def train_check(name: str, overrides: list[str], plan: Plan, marker: str = "") -> str:
+    """`python -m framework.train` at size=smoke, bf16-mixed, on the device; its results.json must be finite."""
+    run_dir = plan.out / name
+    accel = "gpu" if plan.cuda else "cpu"
+    run_cmd([sys.executable, "-m", "framework.train", *overrides, "size=smoke", "trainer.precision=bf16-mixed",
+             f"trainer.accelerator={accel}", "trainer.devices=1", f"hydra.run.dir={run_dir}"], plan, run_dir)
+    results = json.loads((run_dir / "results.json").read_text())
+    metrics = {k: v for k, v in {**results["metrics"], **results.get("initial_metrics", {})}.items()
+               if isinstance(v, (int, float))}
+    bad = [k for k, v in metrics.items() if not math.isfinite(v)]
+    if not metrics or bad:
+        raise RuntimeError(f"non-finite metrics: {bad}" if bad else "results.json holds no metrics")
+    log = (run_dir / "train.log").read_text()
+    for needed in ["used: True"] * plan.cuda + [marker] * bool(marker):  # "GPU available: True (cuda), used: True"
+        if needed not in log:
+            raise RuntimeError(f"train.log lacks {needed!r}")
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in list(results["metrics"].items())[:2])
+    return f"{results['global_step']} steps, {shown}, {results['seconds']} s train, all finite"
+
+
+def check_flagship(plan: Plan) -> str:
+    """The flagship experiment (mask_agnostic.py --size gpu); every accuracy and TV in summary.json finite."""
+    out = plan.out / "flagship"
+    if plan.cuda and not torch.cuda.is_available():  # its accelerator=auto would train on the CPU until the timeout
+        raise RuntimeError("no CUDA device: --size gpu would run on the CPU")
+    if plan.cuda:
+        size = ["--pretrain-steps", str(plan.flagship_steps[0]), "--ft-steps", str(plan.flagship_steps[1])]
+    else:  # its --smoke variant of the same plan (it forces accelerator=cpu)
+        size = ["--smoke", *(["--arms", "mask_agnostic"] if plan.reduced else [])]
+    script = "tools/experiments/mask_agnostic.py"
+    run_cmd([sys.executable, script, "--size", "gpu", *size, "--out", str(out)], plan, out)
+    data = json.loads((out / "summary.json").read_text())
+    values = [x for sweep in data["sweeps"].values() for key in ("acc", "tv") for x in sweep[key]]
+    if not values or not all(math.isfinite(x) for x in values):
+        raise RuntimeError("non-finite or missing accuracy/TV in summary.json")
+    if plan.cuda and not all("used: True" in log.read_text() for log in (out / "runs").rglob("train.log")):
+        raise RuntimeError("a flagship run's train.log says the GPU was not used")
+    acc = ", ".join(f"{name.split('/')[-1]} {sweep['acc'][0]:.3f}" for name, sweep in data["sweeps"].items())
+    return f"acc at m=0: {acc}; {len(values)} acc/TV values finite; {data['minutes']} min; flagship/table.md"
+
+
+def sync(device: str) -> None:
+    """Wait for the device's queued work (timings on CUDA)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def check_newton_schulz(plan: Plan) -> str:
+    """sign(NS5(G)) in bf16 and fp32 vs float64 on fixed random matrices: least agreement and ms per call."""
+    shapes = [(m // 3, n // 3) for m, n in NS_SHAPES] if plan.reduced else NS_SHAPES
+    reps = 1 if plan.reduced else 10
+    agree: dict[torch.dtype, list[float]] = {torch.float32: [], torch.bfloat16: []}
+    times: dict[torch.dtype, list[float]] = {torch.float32: [], torch.bfloat16: []}
+    for i, shape in enumerate(shapes):
+        g = torch.randn(shape, generator=torch.Generator().manual_seed(i), dtype=torch.float64).to(plan.device)
+        ref = newton_schulz5(g, dtype=torch.float64).sign()
+        for dtype in agree:
+            agree[dtype].append((newton_schulz5(g, dtype=dtype).sign() == ref).double().mean().item())  # + warm-up
+            sync(plan.device)
+            start = time.perf_counter()
+            for _ in range(reps):
+                newton_schulz5(g, dtype=dtype)
+            sync(plan.device)
+            times[dtype].append((time.perf_counter() - start) / reps)
+    low = {d: min(a) for d, a in agree.items()}
+    cells = [f"{str(d)[6:]} agree {low[d]:.5f} (min), {1e3 * statistics.median(times[d]):.2f} ms/call" for d in agree]
+    if any(low[d] < NS_FLOOR[d] for d in agree):
+        raise RuntimeError("sign agreement below its floor: " + "; ".join(cells))
+    return "; ".join(cells)
+
+
+def decode_rate(model: torch.nn.Module, full: torch.Tensor, kv: list, length: int, steps: int) -> tuple[float, int]:
+    """Tokens/s of `steps` one-token decode steps after `length` preloaded positions, and the KV bytes held."""
+    cache = MixedKVCache(model, full, (bench.SINK, bench.RECENT), capacity=length + steps + 1)
+    cache.preload(kv)
+    token = torch.zeros(kv[0][0].shape[0], 1, dtype=torch.long, device=kv[0][0].device)
+    with torch.no_grad():
+        model(token, cache=cache)
+        sync(token.device.type)
+        start = time.perf_counter()
+        for _ in range(steps):
+            model(token, cache=cache)
+        sync(token.device.type)
+    return token.shape[0] * steps / (time.perf_counter() - start), cache.nbytes()
+
+
+def cache_error(model: torch.nn.Module, full: torch.Tensor, device: str) -> float:
+    """Max |logit| difference between decoding through the mixed cache and the gated masked forward."""
+    seq = torch.randint(0, 256, (2, 112), generator=torch.Generator().manual_seed(0)).to(device)
+    cache = MixedKVCache(model, full, (bench.SINK, bench.RECENT), capacity=seq.shape[1])
+    with torch.no_grad():  # a 96-token prefill (longer than the 80-entry window), then 16 one-token steps
+        parts = [model(seq[:, :96], cache=cache)] + [model(seq[:, t : t + 1], cache=cache) for t in range(96, 112)]
+        ref = model(seq, gates=full.float().to(device), window=(bench.SINK, bench.RECENT))
+    return (torch.cat(parts, dim=1) - ref).abs().max().item()
+
+
+def check_kv_decode(plan: Plan) -> str:
+    """The KV decode bench on the device (full vs mixed caches, kv_decode.md); the mixed cache's logits right."""
+    from framework.models.transformer import TransformerLM
+    from framework.probes.allocation import select_full_heads
+
+    lengths, batches, steps, repeats = ([128, 512], [1], 4, 1) if plan.reduced else \
+        (([4096, 16384, 65536], [1, 8], 64, 3) if plan.cuda else ([1024, 4096], [1, 4], 8, 3))
+    torch.manual_seed(0)
+    model = TransformerLM(**bench.MODEL, max_seq_len=max(lengths) + steps + 8).eval().to(plan.device)
+    window, depth, kv_heads = bench.SINK + bench.RECENT, bench.MODEL["depth"], bench.MODEL["kv_heads"]
+    scores = torch.rand(depth, kv_heads, generator=torch.Generator().manual_seed(1))
+    alloc = {s: select_full_heads(scores, s) for s in (0.0, 0.5, 0.75)}
+    error, rows = cache_error(model, alloc[0.5], plan.device), []
+    for batch in batches:
+        for length in lengths:
+            shape = (batch, kv_heads, length, bench.MODEL["dim"] // bench.MODEL["heads"])
+            kv = [(torch.randn(shape, device=plan.device), torch.randn(shape, device=plan.device))
+                  for _ in range(depth)]
+            runs = {s: [decode_rate(model, full, kv, length, steps) for _ in range(repeats)]
+                    for s, full in alloc.items()}
+            rate = {s: statistics.median(r for r, _ in got) for s, got in runs.items()}
+            rows += [dict(batch=batch, length=length, sparsity=s, tokens_per_s=rate[s], kv_bytes=got[0][1],
+                          kv_ratio=got[0][1] / runs[0.0][0][1], speedup=rate[s] / rate[0.0],
+                          theory=theoretical_speedup(s, length, window),
+                          kv_theory=kv_fraction(s, length + steps + 1, window)) for s, got in runs.items()]
+    (plan.out / "kv_decode.md").write_text(bench.table(rows, steps) + f"\n\ndevice: {plan.device}\n")
+    if error > 1e-3 or not all(math.isfinite(r["tokens_per_s"]) and r["tokens_per_s"] > 0 for r in rows):
+        raise RuntimeError(f"mixed cache logits off by {error:.2e} (limit 1e-3) or a non-finite rate")
+    last = [r for r in rows if r["length"] == lengths[-1] and r["batch"] == batches[-1]]
+    speed = ", ".join(f"s={r['sparsity']:g} {r['tokens_per_s']:.0f} tok/s ({r['speedup']:.2f}x)" for r in last)
+    return f"L={lengths[-1]} b={batches[-1]}: {speed}; cache vs masked forward max |dlogit| {error:.1e}"
+
+
+def guarded(check: str, setting: str, fn: Callable[[], str]) -> Row:
+    """Run one check; any failure becomes a row with ok = no and its last error line."""
+    start = time.perf_counter()
+    try:
+        result, ok = fn(), True
+    except Exception as exc:  # noqa: BLE001 - every failure is a row, never a crash
+        result, ok = last_error_line(f"{type(exc).__name__}: {exc}"), False
+    row = Row(check, setting, result.replace("|", "\\|"), time.perf_counter() - start, ok)
+    print(f"[gpu_check] {check}: {'ok' if ok else 'FAILED'} in {row.seconds:.1f} s - {row.result}", file=sys.stderr)
+    return row
+
+
+def settings(plan: Plan) -> dict[str, str]:
+    """The setting column of each kind of check, saying where a CPU run differs from the GPU one."""
+    dev = f"accelerator={'gpu' if plan.cuda else 'cpu'}, devices=1, bf16-mixed"
+    pre, ft = plan.flagship_steps
+    arms = "4 steps of the mask_agnostic arm only" if plan.reduced else "2 arms x 4 steps"
+    return {
+        "recipes": f"size=smoke, {dev}",
+        "flagship": (f"--size gpu, pretrain {pre} + 2 arms x {ft} steps (capped from 6000 + 2 x 500), bf16-mixed"
+                     if plan.cuda else f"--size gpu --smoke: the same plan at smoke size, 6 + {arms}, {dev}"),
+        "newton_schulz": f"{'d=128' if plan.reduced else 'd=384'} hidden-matrix shapes, bf16/fp32 vs float64, floors "
+                         f"{NS_FLOOR[torch.bfloat16]}/{NS_FLOOR[torch.float32]}, fp32 matmul "
+                         f"{torch.get_float32_matmul_precision()}, {plan.device}" + ("" if plan.cuda else ", 1 thread"),
+        "kv_decode": f"tools/bench/kv_cache.py's model, fp32, {plan.device}" + ("" if plan.cuda else ", 1 thread")
+                     + (" (reduced: L 128/512, batch 1, 4 steps)" if plan.reduced else "") + "; table kv_decode.md",
+        "fsdp2": "char_lm smoke, strategy=fsdp2, bf16-mixed, " + (
+            "1 GPU, nccl" if plan.cuda else "1 CPU rank over gloo (the CPU stand-in for 1 GPU over NCCL)"),
+    }
+
+
+def recipe_names(args: argparse.Namespace) -> list[str]:
+    """--recipes, else the reduced pair, else every registered recipe."""
+    if args.recipes or args.reduced:
+        return list(args.recipes or REDUCED_RECIPES)
+    from framework.registry import RECIPES, load_catalog
+
+    load_catalog()
+    return RECIPES.names("*")
+
+
+def run_all(plan: Plan, args: argparse.Namespace) -> list[Row]:
+    """The timing checks alone first, then the subprocess checks `plan.jobs` at a time; rows in CHECKS order."""
+    text, rows = settings(plan), {name: [] for name in CHECKS}
+    if not plan.cuda:
+        torch.set_num_threads(1)  # as tools/bench does: spinning threads on busy cores swamp these timings
+    for name, fn in (("newton_schulz", check_newton_schulz), ("kv_decode", check_kv_decode)):
+        if name in args.checks:
+            rows[name].append(guarded(name, text[name], lambda fn=fn: fn(plan)))
+    if plan.cuda and torch.cuda.is_available():
+        torch.cuda.empty_cache()  # leave the GPU's memory to the subprocesses
+    jobs: list[tuple[str, str, Callable[[], str]]] = []
+    if "flagship" in args.checks:  # the longest first: the others share the remaining workers meanwhile
+        jobs.append(("flagship", "flagship", lambda: check_flagship(plan)))
+    if "recipes" in args.checks:
+        names = guarded("recipes", text["recipes"], lambda: " ".join(recipe_names(args)))
+        if not names.ok:
+            rows["recipes"].append(names)
+        jobs += [("recipes", f"recipes/{n}", lambda n=n: train_check(n, [f"recipe={n}"], plan))
+                 for n in (names.result.split() if names.ok else [])]
+    if "fsdp2" in args.checks:
+        backend = f"distributed_backend={'nccl' if plan.cuda else 'gloo'}"
+        jobs.append(("fsdp2", "fsdp2", lambda: train_check(
+            "fsdp2", ["recipe=char_lm", "trainer.strategy=fsdp2"], plan, backend) + f", {backend}"))
+    with ThreadPoolExecutor(max_workers=plan.jobs) as pool:
+        futures = [(kind, pool.submit(guarded, check, text[kind], fn)) for kind, check, fn in jobs]
+        for kind, future in futures:
+            rows[kind].append(future.result())
+    return [row for name in CHECKS for row in rows[name]]
+
+
+def header(plan: Plan) -> str:
+    """One line above the table: the command, device, torch, commit and date."""
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return (f"`python tools/gpu_check.py {' '.join(sys.argv[1:])}` on {gpu if plan.cuda else 'CPU'} "
+            f"({os.cpu_count()} cores), torch {torch.__version__}, commit {commit.stdout.strip() or '?'}, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+
+
+def table(rows: list[Row]) -> str:
+    """The markdown table, one row per check."""
+    lines = ["| check | setting | result | seconds | ok |", "|---|---|---|---|---|"]
+    lines += [f"| {r.check} | {r.setting} | {r.result} | {r.seconds:.1f} | {'yes' if r.ok else 'no'} |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the options, run the checks, print and write the table; 1 when any row failed."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--reduced", action="store_true", help="the tiny CPU-sized variant: 2 recipes, smallest sizes")
+    ap.add_argument("--out", type=Path, default=REPO / "runs" / "gpu_check")
+    ap.add_argument("--timeout", type=float, default=420.0, help="seconds per subprocess before it is killed")
+    ap.add_argument("--jobs", type=int, help="subprocess checks at a time (default: 4 on cuda, 2 on cpu)")
+    ap.add_argument("--checks", nargs="+", choices=CHECKS, default=CHECKS, help="a subset, e.g. to rerun one")
+    ap.add_argument("--recipes", nargs="+", help=f"default: all (--reduced: {' '.join(REDUCED_RECIPES)})")
+    ap.add_argument("--flagship-steps", type=int, nargs=2, default=list(FLAGSHIP_STEPS), metavar=("PRETRAIN", "FT"))
+    args = ap.parse_args(argv)
+    cuda = args.device == "cuda"
+    plan = Plan(args.device, args.reduced, args.out.resolve(), args.timeout, args.jobs or (4 if cuda else 2),
+                tuple(args.flagship_steps), cuda)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    rows = run_all(plan, args)
+    text = header(plan) + "\n\n" + table(rows) + "\n"
+    print(text)
+    (plan.out / "table.md").write_text(text)
+    return 0 if rows and all(r.ok for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
