@@ -49,6 +49,9 @@ def build_parts(job: DictConfig, choices: dict[str, Any]) -> Any:
             except (RuntimeError, NotImplementedError, AttributeError):
                 pass  # needs a running trainer or real tensors: the run checks it when it gets there
     check_lengths(data, getattr(lm, "model", None), choices)
+    if callable(getattr(lm, "check_data", None)):  # a value checked against the run's real data sizes
+        with _refusal("module", choices.get("module")):
+            lm.check_data(data)
     with _refusal("trainer", None), _quiet_lightning():
         built = trainer(callbacks=list(callbacks.values()), logger=False, enable_progress_bar=False)
     check_strategy(built, lm, callbacks, job.trainer.get("strategy"))

@@ -365,3 +365,15 @@ def test_a_build_failure_that_is_no_refused_value_leaves_the_run_to_report_it(mo
     preflight(["recipe=char_lm", f"hydra.run.dir={tmp_path / 'run'}"])  # no error: the real run builds for real
     with pytest.raises(InputError):  # while refused values are still refused before it
         check_command_line(["recipe=char_lm", "seed=abc", f"hydra.run.dir={tmp_path / 'run'}"])
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("module.k=0", r"module 'metric_eval': k=0 must be an integer >= 1 .*"),
+    ("module.k=100000", r"module 'metric_eval': k=100000 must be smaller than the smallest evaluation set, (\d+) "
+                        r"points .*use k <= \d+"),
+])
+def test_a_neighbourhood_size_is_checked_against_the_evaluation_sets_real_sizes(override, expected, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    line = _refused(["recipe=gicdm_eval", override, f"hydra.run.dir={run_dir}"], capsys)
+    assert re.fullmatch(f"error: {expected}", line), line
+    assert not run_dir.exists()

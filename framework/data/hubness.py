@@ -133,6 +133,19 @@ class HubnessSweep(L.LightningDataModule):
             c["index"] = i
         return out
 
+    def smallest_set(self) -> int:
+        """The fewest points any configuration's real or generated set has (digits: the generated half that keeps
+        the fewest classes), computed without generating the sets."""
+        sizes = [self.n] if self.dims or self.ood_fractions else []
+        if self.digits:
+            from sklearn.datasets import load_digits
+
+            y = torch.tensor(load_digits().target)
+            order = torch.randperm(len(y), generator=torch.Generator().manual_seed(1000 * (self.seed or 0)))
+            fake = y[order[len(y) // 2:]]
+            sizes += [int((fake < keep).sum()) for keep in self.digit_classes] + [len(y) // 2]
+        return min(sizes)
+
     def _shard(self) -> list[dict[str, Any]]:
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
         return self.configs()[rank::world]

@@ -91,6 +91,25 @@ class GICDM(Metric):
         f = f if f.dtype == torch.float64 else f.float()
         (self.real_features if real else self.fake_features).append(f)
 
+    def forward(self, x: Tensor, real: bool) -> dict[str, Tensor]:  # type: ignore[override]
+        """Score a batch of generated inputs against the kept reals and add it to the state (the FID/KID pattern).
+
+        Needs `reset_real_features=False` and reals added by `update(x, real=True)`: torchmetrics computes the batch
+        value after a `reset()`, so only reals kept across it can be in the batch's state. Its reduce step then
+        concatenates the state before the batch with the batch's, and both hold the kept reals; they are stored once.
+        """
+        if real or self.reset_real_features or not len(self.real_features):
+            raise RuntimeError(
+                "GICDM's forward scores a batch of generated inputs against real features kept across reset(): use"
+                " GICDM(reset_real_features=False), add the reals with update(x, real=True), then call metric(x,"
+                f" real=False); got real={real}, reset_real_features={self.reset_real_features},"
+                f" {len(self.real_features)} real batches (update() and compute() need neither)"
+            )
+        n_real = len(self.real_features)
+        batch = super().forward(x, real)
+        self.real_features = self.real_features[:n_real]  # keep the reals once: drop the batch state's second copy
+        return batch
+
     def compute(self) -> dict[str, Tensor]:
         """The `KEYS` as float32 tensors (loggable as they are); strings and counts go to `self.info`."""
         n_real, n_fake = (len(s) if isinstance(s, list) else 1 for s in (self.real_features, self.fake_features))

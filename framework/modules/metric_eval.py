@@ -40,6 +40,8 @@ class MetricEval(L.LightningModule):
         metric: Any = None,
     ):
         super().__init__()
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k={k!r} must be an integer >= 1 (the neighbours each point's ball reaches)")
         if not corrections or any(c not in CORRECTIONS and c != "gicdm" for c in corrections):
             raise ValueError(f"corrections={list(corrections)} must be non-empty, from {', '.join(CORRECTIONS)}")
         for c in corrections:
@@ -64,6 +66,15 @@ class MetricEval(L.LightningModule):
         self.rows: list[dict[str, Any]] = []
         self.summary: dict[str, float] = {}
 
+
+    def check_data(self, data: Any) -> None:
+        """ValueError unless every evaluation set has more points than `k` (and than the metric's own k): a point's
+        k-th neighbour must exist. Uses the data module's `smallest_set()` (no data loaded) when it has one."""
+        smallest = data.smallest_set() if callable(getattr(data, "smallest_set", None)) else None
+        for name, k in (("k", self.k), ("metric.k", getattr(self.metric, "k", None))):
+            if isinstance(smallest, int) and isinstance(k, int) and k >= smallest:
+                raise ValueError(f"{name}={k} must be smaller than the smallest evaluation set, {smallest} points"
+                                 f" (its k-th neighbour must exist); use {name} <= {smallest - 1}")
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD([self.placeholder], lr=0.0)  # nothing to train
 

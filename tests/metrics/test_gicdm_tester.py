@@ -1,0 +1,153 @@
+"""`GICDM.forward` in torchmetrics' `MetricTester` pattern, with the real features kept across `reset()`.
+
+A fixed set of batches goes through `forward` one at a time; each batch's output must equal the functional
+reference on that batch against the kept reals, and the final `compute()` the reference on everything seen. The
+reference is the `prdc` package (`prdc.compute_prdc`) for P/R/D/C and `framework.metrics.prdc` for every key.
+Regression: `forward` used to store the kept reals again on every call (128 reals became 1024 after three
+forwards), so `compute()` gave precision, density and coverage 0.
+"""
+
+from __future__ import annotations
+
+import prdc as prdc_ref
+import pytest
+import torch
+
+from framework.metrics import GICDM, prdc
+
+torch.set_num_threads(1)
+K = 5
+PRDC = ("precision", "recall", "density", "coverage")
+KEYS = (*PRDC, "hub_skew_real", "hub_skew_real_corrected")
+N_REAL, N_BATCHES, BATCH, DIM = 128, 3, 64, 32
+pytestmark = pytest.mark.filterwarnings("ignore::framework.metrics.ReconstructionWarning")
+
+
+def data(seed: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Seeded Gaussian reals and a fixed list of generated batches (shifted and wider, so no score is 0 or 1)."""
+    g = torch.Generator().manual_seed(seed)
+    real = torch.randn(N_REAL, DIM, generator=g)
+    return real, [torch.randn(BATCH, DIM, generator=g) * 1.1 + 0.1 for _ in range(N_BATCHES)]
+
+
+def reference(real: torch.Tensor, fake: torch.Tensor) -> dict[str, float]:
+    """P/R/D/C of the `prdc` package."""
+    return {k: float(v) for k, v in prdc_ref.compute_prdc(real.numpy(), fake.numpy(), nearest_k=K).items()}
+
+
+def floats(out: dict[str, torch.Tensor], keys: tuple[str, ...] = KEYS) -> dict[str, float]:
+    return {k: float(out[k]) for k in keys}
+
+
+def n_real(metric: GICDM) -> int:
+    return sum(int(t.shape[0]) for t in metric.real_features)
+
+
+def kept_reals_metric(real: torch.Tensor, **kwargs) -> GICDM:
+    metric = GICDM(k=K, reset_real_features=False, **kwargs)
+    for chunk in real.split(50):  # reals in uneven chunks, by update()
+        metric.update(chunk, real=True)
+    return metric
+
+
+def run_forwards(metric: GICDM, real: torch.Tensor, fakes: list[torch.Tensor], correction: str = "none") -> None:
+    """Forward each batch; its value must be the reference on (all kept reals, this batch)."""
+    for i, fake in enumerate(fakes):
+        out = metric(fake, real=False)
+        assert n_real(metric) == len(real), f"batch {i}: the reals were stored again"
+        assert len(metric.fake_features) == i + 1
+        expected = prdc(real, fake, K, correction)
+        assert floats(out) == pytest.approx({k: expected[k] for k in KEYS}, abs=1e-6), f"batch {i}"
+        if correction == "none":
+            assert floats(out, PRDC) == pytest.approx(reference(real, fake), abs=1e-6), f"batch {i}"
+
+
+def test_the_reported_scenario_128_reals_three_forwards_compute_equals_prdc():
+    real, fakes = data()
+    metric = GICDM(k=K, reset_real_features=False)
+    metric.update(real, real=True)
+    for fake in fakes:
+        metric(fake, real=False)
+    assert n_real(metric) == 128  # was 1024: 128 doubled by each of the three forwards
+    out = floats(metric.compute(), PRDC)
+    expected = reference(real, torch.cat(fakes))
+    assert out == pytest.approx(expected, abs=1e-6)
+    assert min(out.values()) > 0.3  # the bug gave precision, density and coverage 0.0
+    assert metric.info["n_real"] == 128 and metric.info["n_fake"] == N_BATCHES * BATCH
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"dist_sync_on_step": True}, {"compute_on_cpu": True}],
+    ids=["reduce_state_forward", "full_state_forward", "compute_on_cpu"],
+)
+def test_forward_per_batch_and_accumulated_compute_equal_the_reference(kwargs):
+    """Both of torchmetrics' forward paths: `_forward_reduce_state_update` (the default, `full_state_update=False`)
+    and `_forward_full_state_update` (taken with `dist_sync_on_step=True`; one process, so nothing to sync)."""
+    real, fakes = data(1)
+    metric = kept_reals_metric(real, **kwargs)
+    run_forwards(metric, real, fakes)
+    out = metric.compute()
+    everything = torch.cat(fakes)
+    assert floats(out, PRDC) == pytest.approx(reference(real, everything), abs=1e-6)
+    assert floats(out) == pytest.approx(floats(prdc(real, everything, K)), abs=1e-6)
+    assert metric.info["n_real"] == N_REAL and metric.info["n_fake"] == len(everything)
+    assert n_real(metric) == N_REAL  # compute() leaves the states as they were
+
+
+@pytest.mark.parametrize("correction", ["icdm", "gicdm_reconstructed"])
+def test_forward_with_a_correction_equals_the_functional(correction):
+    real, fakes = data(2)
+    metric = kept_reals_metric(real, correction=correction)
+    run_forwards(metric, real, fakes, correction)
+    assert floats(metric.compute()) == pytest.approx(floats(prdc(real, torch.cat(fakes), K, correction)), abs=1e-6)
+
+
+def test_reals_kept_across_reset_score_several_generators():
+    """The use `reset_real_features=False` is for: one reference, a generator per epoch, forward per batch."""
+    real, first = data(3)
+    _, second = data(4)
+    metric = kept_reals_metric(real)
+    for fakes in (first, second):
+        run_forwards(metric, real, fakes)
+        assert floats(metric.compute(), PRDC) == pytest.approx(reference(real, torch.cat(fakes)), abs=1e-6)
+        metric.reset()
+        assert n_real(metric) == N_REAL and metric.fake_features == []
+
+
+@pytest.mark.parametrize("reset_real_features", [False, True])
+def test_reset_keeps_the_reals_only_when_asked_and_always_drops_the_fakes(reset_real_features):
+    real, fakes = data(5)
+    metric = GICDM(k=K, reset_real_features=reset_real_features)
+    metric.update(real, real=True)
+    for fake in fakes:
+        metric.update(fake, real=False)
+    kept = list(metric.real_features)
+    metric.reset()
+    assert metric.fake_features == []
+    if reset_real_features:
+        assert metric.real_features == []
+        return
+    assert len(metric.real_features) == 1 and metric.real_features[0] is kept[0]
+    metric.update(fakes[0], real=False)
+    assert floats(metric.compute(), PRDC) == pytest.approx(reference(real, fakes[0]), abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("reset_real_features", "with_reals", "real"),
+    [(False, True, True), (True, True, False), (False, False, False)],
+    ids=["real_batch", "reals_not_kept", "no_reals_yet"],
+)
+def test_forward_without_kept_reals_or_with_reals_is_refused_before_touching_the_state(
+    reset_real_features, with_reals, real
+):
+    """Its batch value needs kept reals and a generated batch; before, it reset the state and then failed."""
+    reals, fakes = data(6)
+    metric = GICDM(k=K, reset_real_features=reset_real_features)
+    if with_reals:
+        metric.update(reals, real=True)
+    metric.update(fakes[0], real=False)
+    before = (n_real(metric), len(metric.fake_features))
+    with pytest.raises(RuntimeError, match="forward scores a batch of generated inputs against real features kept"):
+        metric(fakes[1], real=real)
+    assert (n_real(metric), len(metric.fake_features)) == before
