@@ -66,7 +66,7 @@ def check_numbers(group: str, node: Any) -> None:
     try:
         target = get_target(node)
         hints = typing.get_type_hints(target if inspect.isfunction(target) else target.__init__)
-    except Exception:  # noqa: BLE001 - no target or no resolvable hints: nothing to check against
+    except (TypeError, ValueError, NameError, AttributeError):  # no target, or hints that do not resolve
         return
     for key, value in node.items():
         hint = hints.get(str(key))

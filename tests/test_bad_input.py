@@ -196,7 +196,7 @@ OUT_OF_RANGE = [  # (override, what the one error line must say: the setting, it
     ("data.seq_len=4096", r"data\.seq_len=4096 is longer than model\.max_seq_len=1024, .* set data\.seq_len <= 1024"),
     ("data.max_bytes=0", r"data 'byte_corpus': max_bytes=0 must be >= 1, or null for the whole corpus"),
     ("trainer.devices=0", r"trainer\.devices=0 must be >= 1, or -1 / 'auto'"),
-    ("trainer.max_steps=-5", r"trainer\.max_steps=-5 must be an integer >= 0, or -1 for no limit"),
+    ("trainer.max_steps=-5", r"trainer\.max_steps=-5 must be an integer >= 1 \(0 trains nothing\), or -1 for no limit"),
     ("optimizer.lr=nan", r"optimizer\.lr=nan is not a number; give a finite value"),
     ("optimizer.lr=-0.1", r"optimizer 'adamw': Invalid learning rate: -0\.1"),
     ("seed=abc", r"seed='abc' must be an integer in \[0, 2\*\*32 - 1\]"),

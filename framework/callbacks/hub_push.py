@@ -2,8 +2,9 @@
 
 A failed push never stops training and never loses anything: it logs a warning with the exact command that
 retries the push from the run dir, and training goes on. Works in any Lightning project whose LightningModule
-holds a framework model (`.model` with `.init_config`); `framework.hub` is imported only when pushing, and the
-catalog (with Hydra) not at all when `info` names the model (`info={"model_name": "transformer_lm"}`).
+holds a framework model (`.model` with `.init_config`), a timm model, or saved its hyperparameters
+(`self.save_hyperparameters()`); any other module is refused when the fit starts, before step 1. The catalog
+(with Hydra) is not imported when `info` names a framework model (`info={"model_name": "transformer_lm"}`).
 """
 
 from __future__ import annotations
@@ -51,8 +52,16 @@ class HubPush(L.Callback):
         self._validations = 0
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Refuse, before step 1, a fit whose module could not be pushed at its end (one-line ValueError)."""
         if not self.repo_id:  # fail before training, not after it
             raise ValueError("HubPush needs repo_id='namespace/name' (e.g. `callbacks.hub_push.repo_id=me/model`)")
+        if stage == "fit":
+            from framework.hub import NotPushableError, pushable
+
+            try:
+                pushable(pl_module, self.info)
+            except NotPushableError as err:
+                raise NotPushableError(f"HubPush({self.repo_id!r}) refuses to start the fit: {err}") from None
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit" or not self.every_n_validations:

@@ -1,22 +1,22 @@
 """`DataSelection`: dynamic data selection (Data Agent, InfoBatch, random, ...) in any Lightning fit.
 
-Add it to the Trainer's callbacks with a policy; the LightningModule's `training_step` returns a dict with
-`loss` (already weighted by `batch["weight"]`), the per-sample `losses`, and for the Data Agent `logits` and
-penultimate `features`; batches are dicts with an `index` key (wrap a dataset in `IndexedDataset`). The
-callback then
-- installs a `SelectionSampler` in the training DataLoader (rebuilt every epoch, so pruned epochs really are
-  shorter and annealing to full data happens; Lightning's own distributed sampler is switched off),
-- puts each sample's loss weight into `batch["weight"]` before `training_step`,
-- all-gathers the step's scores across ranks (one collective) so every rank keeps the same table,
-- steps the Data Agent's own optimisers outside Lightning's,
-- logs the cost actually spent (`selection/cost`: sample passes relative to full data) every epoch,
-- checkpoints table, selection, agent and position in the epoch for exact mid-epoch resume.
-A learning-rate schedule must be told `planned_steps(trainer)` (`estimated_stepping_batches` assumes every
-epoch is as long as the first).
+Add it to the Trainer's callbacks with a policy; any map-style dataset, tuple or dict batches (the callback
+owns the sampler, so it knows each batch's samples). `training_step` returns `{"loss": losses.mean(),
+"per_sample_loss": losses}` (the callback adds mean((w − 1)·ℓ) to the loss: the step trains on the selection's
+weights w); the Data Agent also reads `logits` and `features` from it or from the layer `head=` names (see
+`framework.samplers.step`; the older contract, a dict batch's `weight` and a step returning `losses` it
+weighted itself, still works). It rebuilds the training DataLoader around a `SelectionSampler` every epoch
+(pruned epochs are shorter; Lightning's distributed sampler is switched off), all-gathers the step's scores
+across ranks (one collective), steps the Data Agent's optimisers, logs `selection/cost` (sample passes relative
+to full data) every epoch and checkpoints everything for exact mid-epoch resume. An LR schedule must be told
+`planned_steps(trainer)`. Too few epochs for the policy to act is warned about in `setup`; a missing per-sample
+signal fails at the first `training_step`, before any optimizer step.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import time
 from typing import Any
@@ -28,11 +28,10 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from framework.samplers.policies import FullPolicy, SelectionPolicy
+from framework.samplers.policies import FullPolicy, SelectionPolicy, schedule_warning
 from framework.samplers.selection import SelectionSampler, epochs_for_steps, planned_batches
+from framework.samplers.step import HeadCapture, batch_len, gather, reweight, step_fields
 from framework.samplers.table import ScoreTable
-
-OUTPUT_KEYS = {"targets": "y"}  # a step output that may also be read from the batch under another name
 
 
 class DataSelection(L.Callback):
@@ -42,27 +41,30 @@ class DataSelection(L.Callback):
     `align_schedule`: when an epoch trains fewer batches than planned (InfoBatch's kept count is random, so
     its plan is the full-data bound), step-interval LR schedulers are advanced by the difference at the
     epoch's end, so the schedule tracks epochs and still ends on time (and OneCycleLR never over-runs).
+    `head`: the dotted name of the module's classifier layer (e.g. "net.fc"), read for `logits` (its output) and
+    `features` (its input) when `training_step`'s output dict does not carry them.
     """
 
     def __init__(self, policy: SelectionPolicy | None = None, num_epochs: int | None = None, seed: int | None = None,
-                 align_schedule: bool = True):
+                 align_schedule: bool = True, head: str | None = None):
         if num_epochs is not None and num_epochs < 1:
             raise ValueError(f"num_epochs={num_epochs} must be >= 1 (or None: the trainer's max_epochs)")
         self.policy = policy or FullPolicy()
         self.num_epochs, self.seed, self.align_schedule = num_epochs, seed, align_schedule
         self.table: ScoreTable | None = None
         self.sampler: SelectionSampler | None = None
-        self.n = self.batch_size = 0
-        self.world_size = 1
+        self.n, self.batch_size, self.world_size = 0, 0, 1
         self._reset_counters()
         self._resume: tuple[int, int] | None = None  # (epoch, batches already trained in it)
         self._pending: dict[str, Any] | None = None  # a checkpoint's state that arrived before setup
         self._owner: Any = None
+        self.head, self._capture = head, None
+        self._index = self._weight = torch.empty(0)  # the current batch's samples and their loss weights
+        self._fields: dict[str, Tensor] = {}  # the current step's per-sample fields (from training_step)
 
     def _reset_counters(self) -> None:
         self.open_epoch: int | None = None  # the epoch with trained batches whose end-of-epoch work is pending
-        self.batches_done = self.epoch_samples = 0
-        self.samples_seen = 0
+        self.batches_done = self.epoch_samples = self.samples_seen = 0
         self.history: list[dict[str, float]] = []  # one row per finished epoch
         self.overhead_s = 0.0
         self._logged: dict[str, tuple[float, int]] = {}  # per-step scalars summed until the epoch's end
@@ -96,6 +98,9 @@ class DataSelection(L.Callback):
         if hasattr(self.policy, "seed") and self.policy.seed is None:
             self.policy.seed = seed
         epochs = self._epochs(trainer)
+        warning = schedule_warning(self.policy, epochs)
+        if warning:
+            rank_zero_warn(f"DataSelection: {warning}")
         self.table = ScoreTable(self.n, self.policy.initial_score)
         self.sampler = SelectionSampler(
             self.table, self.policy, epochs, seed=seed, rank=trainer.global_rank, world_size=trainer.world_size
@@ -107,6 +112,7 @@ class DataSelection(L.Callback):
         train_dataloader.__wrapped__ = original  # type: ignore[attr-defined]
         owner.train_dataloader = train_dataloader
         self._owner = owner
+        self._wrap_training_step(pl_module)
         if self._pending is not None:
             self._apply_state(self._pending)
             self._pending = None
@@ -115,6 +121,39 @@ class DataSelection(L.Callback):
         if stage == "fit" and self._owner is not None and "train_dataloader" in vars(self._owner):
             del self._owner.train_dataloader  # the owner's own method again
             self._owner = None
+        if stage == "fit" and getattr(vars(pl_module).get("training_step"), "_data_selection", False):
+            del pl_module.training_step
+        if stage == "fit" and self._capture is not None:
+            self._capture = self._capture.remove()
+
+    def _wrap_training_step(self, pl_module: L.LightningModule) -> None:
+        """Read each step's per-sample fields (and weigh its loss) as `training_step` returns, before backward."""
+        if self._capture is not None:
+            self._capture.remove()
+        self._capture = HeadCapture(pl_module, self.head) if self.head else None
+        original = pl_module.training_step
+        original = original.__wrapped__ if getattr(original, "_data_selection", False) else original
+
+        @functools.wraps(original)
+        def training_step(*args: Any, **kwargs: Any) -> Any:
+            with self._capture or contextlib.nullcontext():  # the head's input and output during this step
+                outputs = original(*args, **kwargs)
+            return self._read_step(outputs, args[0] if args else kwargs.get("batch"))
+
+        training_step._data_selection = True  # type: ignore[attr-defined]
+        pl_module.training_step = training_step
+
+    def _read_step(self, outputs: Any, batch: Any) -> Any:
+        start = time.perf_counter()
+        name = type(self.policy).__name__
+        if self.policy.needs != ("index",):  # full and random data need no feedback
+            captured = self._capture.fields if self._capture is not None else {}
+            self._fields = step_fields(outputs, batch, self.policy.needs, self._index, captured, name)
+        if isinstance(outputs, dict) and "per_sample_loss" in outputs or not isinstance(batch, dict):
+            if not bool((self._weight == 1).all()):
+                outputs = reweight(outputs, self._weight, name)
+        self.overhead_s += time.perf_counter() - start
+        return outputs
 
     def _epochs(self, trainer: L.Trainer) -> int:
         if self.num_epochs:
@@ -158,11 +197,18 @@ class DataSelection(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         start = time.perf_counter()
-        if not isinstance(batch, dict) or "index" not in batch:
-            raise TypeError("DataSelection needs dict batches with an 'index' key (wrap the dataset in "
-                            f"framework.samplers.IndexedDataset); got {type(batch).__name__}")
         assert self.sampler is not None
-        batch["weight"] = self.sampler.batch_weights(batch["index"]).to(pl_module.device)
+        if isinstance(batch, dict) and "index" in batch:
+            self._index = batch["index"]
+        else:  # the samples this callback's sampler yielded for this batch, in order
+            self._index = self.sampler.batch_indices(self.batches_done, self.batch_size)
+            size = batch_len(batch)
+            if size is not None and size != self._index.numel():
+                raise ValueError(f"batch {batch_idx} holds {size} samples, but the selection sampler yielded "
+                                 f"{self._index.numel()} for it: the collate_fn must keep one row per sample")
+        self._weight = self.sampler.batch_weights(self._index)
+        if isinstance(batch, dict):
+            batch["weight"] = self._weight.to(pl_module.device)
         self.overhead_s += time.perf_counter() - start
 
     def on_train_batch_end(
@@ -171,9 +217,9 @@ class DataSelection(L.Callback):
         start = time.perf_counter()
         assert self.table is not None
         epoch = trainer.current_epoch
-        count = len(batch["index"]) * trainer.world_size
+        count = len(self._index) * trainer.world_size
         if self.policy.needs != ("index",):  # full and random data need no feedback
-            step = self._gather(self._step(outputs, batch), pl_module, trainer.world_size)
+            step = gather(self._fields, pl_module, trainer.world_size)
             count = step["index"].numel()
             info = self.policy.observe(step, self.table, epoch)
             for key in ("action_mean", "w"):  # summed here, logged once per epoch: a log() call per step costs
@@ -185,37 +231,6 @@ class DataSelection(L.Callback):
         self.epoch_samples += count
         self.samples_seen += count
         self.overhead_s += time.perf_counter() - start
-
-    def _step(self, outputs: Any, batch: dict[str, Any]) -> dict[str, Tensor]:
-        if not isinstance(outputs, dict):
-            raise TypeError("with DataSelection, training_step must return a dict with 'loss' and per-sample "
-                            f"outputs {list(self.policy.needs)}; got {type(outputs).__name__}")
-        step = {}
-        for key in self.policy.needs:
-            value = outputs.get(key)
-            if value is None:
-                value = batch.get(key, batch.get(OUTPUT_KEYS.get(key, key)))
-            if value is None:
-                raise KeyError(f"{type(self.policy).__name__} needs {key!r} from training_step's output dict "
-                               f"(or the batch); it returned {sorted(outputs)}")
-            step[key] = torch.as_tensor(value).detach()
-        return step
-
-    @staticmethod
-    def _gather(step: dict[str, Tensor], pl_module: L.LightningModule, world_size: int) -> dict[str, Tensor]:
-        """All-gather every field in one collective (packed as float64, exact for indices and labels)."""
-        if world_size == 1:
-            return step
-        b = step["index"].shape[0]
-        cols = [v.reshape(b, -1).to(torch.float64) for v in step.values()]
-        packed = pl_module.all_gather(torch.cat(cols, 1).to(pl_module.device)).flatten(0, 1)
-        out, at = {}, 0
-        for (key, value), col in zip(step.items(), cols, strict=True):
-            width = col.shape[1]
-            part = packed[:, at : at + width].reshape(-1, *value.shape[1:])
-            out[key] = part.long() if key in ("index", "targets") else part.to(value.dtype)
-            at += width
-        return out
 
     # -- per epoch --------------------------------------------------------------------------------------------
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from framework.errors import run_cli
 from framework.hub.common import CARD_NAME
+from framework.hub.formats import model_spec
 from framework.hub.load import download, load_model
 from framework.hub.push import push_to_hub, record_push
 
@@ -44,6 +45,7 @@ def _pull(args: argparse.Namespace) -> None:
     with contextlib.suppress(EntryNotFoundError):  # the card is for people; the model does not need it
         download(args.repo_id, CARD_NAME, commit or args.revision)
     params = sum(p.numel() for p in model.parameters())
-    values = ", ".join(f"{k}={v}" for k, v in config["config"].items())
+    spec = model_spec(config)
+    values = ", ".join(f"{k}={v}" for k, v in spec.values.items())
     print(f"downloaded {args.repo_id}@{commit or args.revision or 'main'} to {Path(weights).parent}")
-    print(f"{config['name']} ({type(model).__name__}, {params:,} parameters): {values}")
+    print(f"{spec.name} ({type(model).__name__}, {params:,} parameters): {values}")

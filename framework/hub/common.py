@@ -27,6 +27,11 @@ def check_model_args(name: str, target: Any, values: dict[str, Any]) -> None:
             f"config.json sets {', '.join(unknown)}, which model {name!r} does not take; valid: {', '.join(params)}")
 
 
+class NotPushableError(ValueError, TypeError):
+    """A module that cannot be pushed: no framework model, no timm model, no saved hyperparameters (the message says
+    which class and what would make it pushable)."""
+
+
 @dataclass(frozen=True)
 class Pushed:
     """Where one push landed: the commit id stays downloadable (`from_pretrained(repo_id, revision=commit)`)."""
@@ -37,8 +42,8 @@ class Pushed:
     url: str
 
 
-
 __all__ = [
-    "ARTIFACTS", "CARD_NAME", "CONFIG_NAME", "FORBIDDEN_KEYS", "HubPushError", "IMPORT_PATH", "PLOT_NAME", "Pushed",
-    "TRAIN_CONFIG_NAME", "UnsafeConfigError", "UnsafeWeightsError", "WEIGHTS_NAME", "check_model_args",
+    "ARTIFACTS", "CARD_NAME", "CONFIG_NAME", "FORBIDDEN_KEYS", "HubPushError", "IMPORT_PATH", "NotPushableError",
+    "PLOT_NAME", "Pushed", "TRAIN_CONFIG_NAME", "UnsafeConfigError", "UnsafeWeightsError", "WEIGHTS_NAME",
+    "check_model_args",
 ]

@@ -24,23 +24,33 @@ from framework.hub.common import (
     UnsafeWeightsError,
     check_model_args,
 )
+from framework.hub.formats import PLAIN, TIMM, TIMM_INFO_KEY, check_timm_config, config_format, model_spec, timm_model
 from framework.rundir import Build, RunDir, load_state, resolve_source
 
 
 # ---- config.json: what may be loaded -------------------------------------------------------------------
 def validate_config(config: Any, model_cls: type[nn.Module] | None = None) -> dict[str, Any]:
     """Return `config` if it only holds a model name and plain values (that `model_cls`, if given, takes);
-    raise UnsafeConfigError otherwise. Whether the name is known is for the `build` that builds it."""
+    raise UnsafeConfigError otherwise. Whether the name is known is for the `build` that builds it; a timm
+    config's `architecture` must be a model timm knows."""
     if not isinstance(config, dict):
         raise UnsafeConfigError(f"config.json must be a JSON object, got {type(config).__name__}")
-    _check_plain(config, "config.json")
-    name, values = config.get("name"), config.get("config", {})
-    if not isinstance(name, str):
-        raise UnsafeConfigError(f"config.json 'name' must be a registered model name (a string), got {name!r}")
-    if not isinstance(values, dict):
-        raise UnsafeConfigError(f"config.json 'config' must be an object of constructor values, got {values!r}")
+    fmt = config_format(config)
+    if fmt == TIMM:  # pretrained_cfg names modules inside the model ("patch_embed.proj"): no import-path rule there
+        _check_plain({k: v for k, v in config.items() if k != TIMM_INFO_KEY}, "config.json")
+        _check_plain(config.get(TIMM_INFO_KEY, {}), f"config.json[{TIMM_INFO_KEY!r}]", paths=False)
+        check_timm_config(config)
+    else:
+        _check_plain(config, "config.json")
+        name, values = config.get("name"), config.get("config", {})
+        if not isinstance(name, str):
+            raise UnsafeConfigError(f"config.json 'name' must be a registered model name (a string), got {name!r}"
+                                    " (or, for a timm model, 'architecture' a timm model name)")
+        if not isinstance(values, dict):
+            raise UnsafeConfigError(f"config.json 'config' must be an object of constructor values, got {values!r}")
     if model_cls is not None:
-        check_model_args(name, model_cls, values)
+        spec = model_spec(config)
+        check_model_args(spec.name, model_cls, spec.values)
     return config
 
 
@@ -53,7 +63,7 @@ def registered_model(name: str, config: dict[str, Any]) -> nn.Module:
     return MODELS.build(name, **config)
 
 
-def _check_plain(node: Any, where: str) -> None:
+def _check_plain(node: Any, where: str, paths: bool = True) -> None:
     if isinstance(node, dict):
         for key, value in node.items():
             if key in FORBIDDEN_KEYS or (isinstance(key, str) and len(key) > 2 and key[0] == key[-1] == "_"):
@@ -61,11 +71,11 @@ def _check_plain(node: Any, where: str) -> None:
                     f"{where} has key {key!r}: instantiation keys ({', '.join(sorted(FORBIDDEN_KEYS))}) are refused;"
                     " config.json may only hold a registry 'name' and plain constructor values"
                 )
-            _check_plain(value, f"{where}[{key!r}]")
+            _check_plain(value, f"{where}[{key!r}]", paths)
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            _check_plain(value, f"{where}[{i}]")
-    elif isinstance(node, str) and IMPORT_PATH.match(node):
+            _check_plain(value, f"{where}[{i}]", paths)
+    elif paths and isinstance(node, str) and IMPORT_PATH.match(node):
         raise UnsafeConfigError(
             f"{where} = {node!r} looks like an import path; config.json may only hold a registry name and plain"
             " values, never a module, class or function path"
@@ -76,15 +86,22 @@ def _check_plain(node: Any, where: str) -> None:
 
 def build_model(config: dict[str, Any], build: Build | None = None,
                 model_cls: type[nn.Module] | None = None) -> nn.Module:
-    """The model a `config.json` names: `model_cls(**values)`, or `build(name, values)` (default: the catalog's).
+    """The model a `config.json` names: `model_cls(**values)`, or `build(name, values)` (default: the catalog's for
+    a framework config, `timm.create_model` for a timm one; a plain module's config needs `model_cls` or `build`).
 
     A name `build` does not know (LookupError) is refused as UnsafeConfigError, like any other bad config."""
     validate_config(config, model_cls)
-    values = dict(config.get("config", {}))
+    spec = model_spec(config)
     if model_cls is not None:
-        return model_cls(**values)
+        return model_cls(**spec.values)
+    if build is None and spec.format == TIMM:
+        return timm_model(spec.name, spec.values, config.get(TIMM_INFO_KEY))
+    if build is None and spec.format == PLAIN:
+        raise UnsafeConfigError(
+            f"config.json holds the saved hyperparameters of a plain module {spec.name!r}, which is in no registry:"
+            f" pass its class, from_pretrained(repo_id, model_cls={spec.name}), or a build(name, config)")
     try:
-        return (build or registered_model)(config["name"], values)
+        return (build or registered_model)(spec.name, spec.values)
     except LookupError as err:
         raise UnsafeConfigError(f"config.json names an unregistered model: {err}") from err
 
@@ -126,7 +143,8 @@ def from_pretrained(repo_id: str, revision: str | None = None, *, build: Build |
     """Rebuild the model named in `repo_id`'s config.json and load its safetensors weights.
 
     `revision` is a branch, tag or commit id; `build(name, config)` builds the named model (default: the
-    framework catalog's) or `model_cls` is its class. The model comes back in eval mode, with `.init_config`.
+    framework catalog's; a timm config is built by `timm.create_model`) or `model_cls` is its class (needed for a
+    plain module's config). The model comes back in eval mode.
     """
     return load_model(repo_id, revision, build=build, model_cls=model_cls).model
 
@@ -155,7 +173,8 @@ def load_model(repo_id: str, revision: str | None = None, *, build: Build | None
     try:
         load_safetensors(model, weights, strict=True)
     except (RuntimeError, SafetensorError) as err:
-        raise UnsafeWeightsError(f"{WEIGHTS_NAME} of {where} does not fit model {config['name']!r}: {err}") from err
+        raise UnsafeWeightsError(
+            f"{WEIGHTS_NAME} of {where} does not fit model {model_spec(config).name!r}: {err}") from err
     return Loaded(model.eval(), config, commit, weights)
 
 

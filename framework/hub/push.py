@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import shlex
 import shutil
-import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,6 +17,7 @@ from torch import nn
 
 from framework import __version__
 from framework.errors import redact
+from framework.hub.card import model_card
 from framework.hub.common import (
     ARTIFACTS,
     CARD_NAME,
@@ -30,7 +29,9 @@ from framework.hub.common import (
     Pushed,
     UnsafeWeightsError,
 )
+from framework.hub.formats import FRAMEWORK
 from framework.hub.load import build_model, validate_config
+from framework.hub.pushable import pushable
 from framework.rundir import Build, RunDir, load_state
 
 
@@ -47,6 +48,12 @@ class _Bundle:
     global_step: int | None = None
     metrics_csv: Path | None = None
     train_config: Path | None = None
+    format: str = FRAMEWORK  # config.json's format: framework, timm or plain (`framework.hub.formats`)
+
+    @property
+    def name(self) -> str:
+        """The model's registry name, timm architecture, or class name."""
+        return str(self.config.get("architecture") or self.config["name"])
 
 
 def check_repo_id(repo_id: str) -> str:
@@ -73,8 +80,10 @@ def push_to_hub(run_dir_or_module: str | Path | nn.Module, repo_id: str, revisio
                 build: Build | None = None) -> Pushed:
     """Publish a `framework.train` run dir (its last checkpoint) or a live model/TrainModule as ONE commit.
 
-    `info` adds card details for module pushes: `recipe`, `command`, `datasets`, `model_name` (without it, the
-    catalog names the model). A run dir's model is rebuilt by `build(name, config)` (default: the catalog's).
+    A module pushes its framework model (`info["model_name"]` or the catalog names it), its timm model (in timm's
+    own format: `timm.create_model("hf-hub:...")` loads it) or, with saved hyperparameters, itself (a plain config
+    the card's snippet rebuilds); anything else is refused (NotPushableError). `info` adds card details: `recipe`,
+    `command`, `datasets`, `task`. A run dir's model is rebuilt by `build(name, config)` (default: the catalog's).
     Everything is staged in a temporary folder first; Hub failures raise HubPushError (with the retry command for
     run dirs).
     """
@@ -89,8 +98,8 @@ def push_to_hub(run_dir_or_module: str | Path | nn.Module, repo_id: str, revisio
         raise TypeError(f"push_to_hub takes a run dir or an nn.Module, got {type(source).__name__}")
     with tempfile.TemporaryDirectory(prefix="framework-hub-") as tmp:
         folder = Path(tmp)
-        _stage(bundle, folder, repo_id)
-        message = commit_message or f"framework {__version__}: {bundle.config['name']}" + (
+        _stage(bundle, folder, repo_id, revision)
+        message = commit_message or f"framework {__version__}: {bundle.name}" + (
             f" at step {bundle.global_step}" if bundle.global_step is not None else "")
         try:
             return _commit(folder, repo_id, revision, private, message)
@@ -129,21 +138,9 @@ def _bundle_from_run_dir(run: RunDir, build: Build | None) -> _Bundle:
 
 
 def _bundle_from_module(module: nn.Module, info: dict[str, Any]) -> _Bundle:
-    model = module if hasattr(module, "init_config") else getattr(module, "model", None)
-    if not isinstance(model, nn.Module) or not hasattr(model, "init_config"):
-        raise TypeError(f"{type(module).__name__} has no .init_config (and no .model with one): only models"
-                        " built on framework.models.base.RecordsConfig can be rebuilt by from_pretrained")
-    if info.get("model_name"):
-        name = info["model_name"]
-    else:
-        from framework.registry import MODELS, load_catalog
-
-        load_catalog()
-        name = MODELS.name_of(type(model))
-    command = info.get("command") or " ".join(shlex.quote(a) for a in ["python", *sys.argv])
-    config = validate_config({"name": name, "config": dict(model.init_config), "framework_version": __version__,
-                              "recipe": info.get("recipe"), "command": command})
-    bundle = _Bundle(model, config, datasets=list(info.get("datasets") or []), task=info.get("task"))
+    what = pushable(module, info)  # NotPushableError (a ValueError) names the class and what would make it pushable
+    bundle = _Bundle(what.model, what.config, datasets=list(info.get("datasets") or []), task=info.get("task"),
+                     format=what.format)
     trainer = getattr(module, "_trainer", None)
     if trainer is not None:
         from lightning.pytorch.loggers import CSVLogger
@@ -162,7 +159,7 @@ def _file_or_none(path: Path) -> Path | None:
     return path if path.is_file() else None
 
 
-def _stage(bundle: _Bundle, folder: Path, repo_id: str) -> None:
+def _stage(bundle: _Bundle, folder: Path, repo_id: str, revision: str | None) -> None:
     from safetensors.torch import save_model
 
     from framework.plots import plot_training_curves
@@ -174,37 +171,7 @@ def _stage(bundle: _Bundle, folder: Path, repo_id: str) -> None:
     has_plot = False
     with contextlib.suppress(ValueError):  # nothing logged yet: a card without a plot
         has_plot = bundle.metrics_csv is not None and plot_training_curves(bundle.metrics_csv, folder / PLOT_NAME)
-    (folder / CARD_NAME).write_text(_model_card(bundle, repo_id, has_plot))
-
-
-def _model_card(bundle: _Bundle, repo_id: str, has_plot: bool) -> str:
-    from huggingface_hub import EvalResult, ModelCardData
-
-    cfg, name = bundle.config, bundle.config["name"]
-    finite = {k: v for k, v in sorted(bundle.metrics.items()) if math.isfinite(v)}
-    dataset = bundle.datasets[0] if bundle.datasets else "unknown"
-    evals = [EvalResult(task_type=bundle.task or "other", dataset_type=dataset, dataset_name=dataset,
-                        metric_type=k, metric_name=k, metric_value=v) for k, v in finite.items()]
-    tags = [t for t in ("framework", "pytorch-lightning", "safetensors", name, cfg.get("recipe")) if t]
-    data = ModelCardData(library_name="framework", tags=tags, datasets=bundle.datasets or None,
-                         metrics=list(finite) or None, model_name=repo_id, eval_results=evals or None)
-    params = sum(p.numel() for p in bundle.model.parameters())
-    rows = "\n".join(f"| {k} | {v:.6g} |" for k, v in sorted(bundle.metrics.items())) or "| (none logged) | |"
-    step = f" after step {bundle.global_step}" if bundle.global_step is not None else ""
-    recipe = f" with recipe `{cfg['recipe']}`" if cfg.get("recipe") else ""
-    card = [
-        f"---\n{data.to_yaml()}\n---\n\n# {repo_id}\n\nA `{name}` model ({params:,} parameters) trained by framework"
-        f" {cfg['framework_version']}{recipe}.\n\n## Usage\n\n```python\nfrom framework.hub import from_pretrained\n\n"
-        f"model = from_pretrained({repo_id!r})  # eval mode: rebuilt by registry name, safetensors weights\n```\n\n"
-        f"or `python -m framework.hub pull {repo_id}`.\n\n## Metrics\n\nFinal values{step}.\n\n"
-        f"| metric | value |\n|---|---|\n{rows}\n",
-    ]
-    if has_plot:
-        card.append(f"\n## Training curves\n\n![training curves]({PLOT_NAME})\n")
-    if cfg.get("command"):
-        card.append(f"\n## Training command\n\n```bash\n{cfg['command']}\n```\n")
-    card.append(f"\n## Model config\n\n```json\n{json.dumps(cfg['config'], indent=2)}\n```\n")
-    return "".join(card)
+    (folder / CARD_NAME).write_text(model_card(bundle, repo_id, revision, has_plot))
 
 
 def _commit(folder: Path, repo_id: str, revision: str | None, private: bool, message: str) -> Pushed:

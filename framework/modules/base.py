@@ -45,7 +45,12 @@ class TrainModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_train_start(self) -> None:
-        """After a resume, apply this run's lr where it differs from the checkpoint's (see `rebase_lr`)."""
+        """After a resume, apply this run's lr where it differs from the checkpoint's (see `rebase_lr`); a schedule
+        restored from a checkpoint of OLion's old group layout is cut to the user's groups first."""
+        from framework.optim.olion_groups import remap_old_layout_scheduler
+
+        for config in self.trainer.lr_scheduler_configs:
+            remap_old_layout_scheduler(config.scheduler)
         configured = getattr(self, "_configured_lrs", None)
         if configured is None or len(self.trainer.optimizers) != 1:
             return

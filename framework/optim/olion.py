@@ -14,27 +14,26 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from framework.optim.hybrid import (
-    Predicate,
-    check_not_sharded,
-    check_options,
-    is_hidden_matrix,
-    normalize_param_groups,
-    param_label,
-    split_group,
-)
+from framework.optim.hybrid import Predicate, check_options, is_hidden_matrix
 from framework.optim.newton_schulz import newton_schulz5
 from framework.optim.ns_sharing import (
     DISTRIBUTED_MODES,
     assign_owners,
     broadcast_results,
-    check_dtensor_layout,
     gather_full,
     is_dtensor,
     make_units,
     ns_cost,
     process_group,
     shard_of,
+)
+from framework.optim.olion_groups import (
+    adamw_lr,
+    caller_stacklevel,
+    check_tensor_lr,
+    is_old_layout,
+    old_layout_to_new,
+    route,
 )
 
 #: Same-shape matrices per batched Newton–Schulz call when `ns_batch` is None, on CUDA (on CPU: 1, the loop).
@@ -48,9 +47,13 @@ class OLion(torch.optim.Optimizer):
     (each is routed, unless it sets "use_olion" itself). Plain tensors (`model.parameters()`) carry no names,
     so the default routing sees shapes only and sends EVERY ≥2-D tensor, the embeddings and the output head
     included, to the orthogonal branch; the optimizer warns once when that happens. Pass names to route them
-    to AdamW. Each resulting group has `use_olion`; in AdamW groups `lr`, `betas`, `eps`,
-    `weight_decay` hold the AdamW values (`adamw_*`; `adamw_lr` and `adamw_weight_decay` default to `lr` and
-    `weight_decay`). The AdamW branch decays ≥2-D params (embeddings, heads) only, never norms or biases.
+    to AdamW. `param_groups` holds exactly the groups passed (one group for a flat list), so LR schedulers see
+    the user's groups; each group's `orthogonal` lists one bool per parameter (True: the orthogonal branch).
+    The AdamW branch uses `adamw_betas`, `adamw_eps`, `adamw_weight_decay` (None: `weight_decay`) and the lr
+    `adamw_lr`·lr/`adamw_lr_base` (`adamw_lr_base` is the group's lr at construction, so a schedule on `lr`
+    scales both branches; `adamw_lr=None`: the group's lr). It decays ≥2-D params (embeddings, heads) only,
+    never norms or biases. Complex parameters are refused. A scheduler's `cycle_momentum` cycles `betas[0]`
+    (β1 below, as for Lion), not the AdamW branch's `adamw_betas`.
 
     β1 (`betas[0]`) is the interpolation weight and β2 the EMA decay, as in the authors' code:
     m ← β2·m + (1−β2)·g first, then c = (1−β1)·g + β1·m with the new m (`pre_update_momentum=True`: the old
@@ -123,40 +126,56 @@ class OLion(torch.optim.Optimizer):
             adamw_weight_decay=adamw_weight_decay,
             ns_batch=ns_batch,
         )
+        check_tensor_lr(defaults)
         check_options(defaults)
         self.predicate: Callable[[str, Tensor], bool] = predicate or is_hidden_matrix
         self._warned_unnamed = False
-        super().__init__(normalize_param_groups(params), defaults)
+        super().__init__(params, defaults)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Torch's state plus OLion's own settings, so deepcopy and pickle keep a working optimizer."""
+        return {
+            **super().__getstate__(),
+            "distributed": self.distributed,
+            "predicate": self.predicate,
+            "_warned_unnamed": self._warned_unnamed,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a pickled OLion (one pickled without OLion's settings gets the defaults)."""
+        super().__setstate__(state)
+        self.__dict__.setdefault("distributed", "round_robin")
+        self.__dict__.setdefault("predicate", is_hidden_matrix)
+        self.__dict__.setdefault("_warned_unnamed", False)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Route `param_group` into an OLion group and up to two AdamW groups (decay / no decay); add them."""
-        overrides = {k: v for k, v in param_group.items() if k not in ("params", "param_names")}
-        opts = {**self.defaults, **overrides}
-        check_options(opts)
-        explicit = opts.pop("use_olion", None)
-        predicate = self.predicate if explicit is None else (lambda name, p: bool(explicit))
-        subgroups = split_group(param_group, predicate)
-        hidden = subgroups.get("hidden", {})
-        if hidden and "param_names" not in hidden and explicit is None and self.predicate is is_hidden_matrix:
-            self._warn_unnamed(hidden["params"])
-        for kind, sub in subgroups.items():
-            self._check_params(sub, hidden=kind == "hidden")
-            if kind == "hidden":
-                sub.update(opts, use_olion=True)
-            else:
-                wd = opts["adamw_weight_decay"]
-                if wd is None or ("weight_decay" in overrides and "adamw_weight_decay" not in overrides):
-                    wd = opts["weight_decay"]
-                lr = opts["lr"] if opts["adamw_lr"] is None else opts["adamw_lr"]
-                sub.update(
-                    opts,
-                    lr=lr,
-                    betas=opts["adamw_betas"],
-                    eps=opts["adamw_eps"],
-                    use_olion=False,
-                    weight_decay=wd if kind == "decay" else 0.0,
-                )
-            super().add_param_group(sub)
+        """Add one group as it is (torch's checks), with `orthogonal`: each parameter's branch (routing, §1.5)."""
+        group = {k: v for k, v in param_group.items() if k != "orthogonal"}
+        if "weight_decay" in group and "adamw_weight_decay" not in group:
+            group["adamw_weight_decay"] = None  # a group's weight_decay is its AdamW decay too, unless it sets both
+        overrides = {k: v for k, v in group.items() if k not in ("params", "param_names")}
+        check_tensor_lr(overrides)
+        check_options({**self.defaults, **overrides})
+        super().add_param_group(group)
+        group = self.param_groups[-1]
+        try:
+            group["orthogonal"] = route(group, self.predicate)
+        except (ValueError, NotImplementedError):
+            self.param_groups.pop()
+            raise
+        lr = group["lr"]  # a tensor lr is updated in place by schedulers: keep its value, not the tensor
+        group["adamw_lr_base"] = lr.item() if isinstance(lr, Tensor) else lr
+        if any(group["orthogonal"]) and "param_names" not in group and group.get("use_olion") is None:
+            if self.predicate is is_hidden_matrix:
+                self._warn_unnamed([p for p, m in zip(group["params"], group["orthogonal"], strict=True) if m])
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state_dict; one in the earlier layout (internal groups per branch) is mapped onto this one first."""
+        if is_old_layout(state_dict):
+            n_old = len(state_dict["param_groups"])
+            state_dict, primary = old_layout_to_new(state_dict, self.param_groups)
+            self.old_layout_groups = (primary, n_old)
+        super().load_state_dict(state_dict)
 
     def _warn_unnamed(self, params: list[Tensor]) -> None:
         """Once per optimizer: unnamed ≥2-D tensors were routed by shape alone (embeddings/heads included)."""
@@ -168,23 +187,11 @@ class OLion(torch.optim.Optimizer):
             f"{type(self).__name__} got parameters without names, so it routes them by shape alone: every tensor"
             f" with ndim >= 2 ({len(params)} here: {shapes}), embeddings and the output head included, goes to the"
             " orthogonal branch. Pass model.named_parameters() (or (name, tensor) pairs) so embeddings, heads and"
-            " norms go to AdamW; or pass a predicate, or groups with use_olion, to route explicitly.",
+            " norms go to AdamW: in a LightningModule, self.named_parameters() instead of self.parameters(). Or"
+            " pass a predicate, or groups with use_olion, to route explicitly.",
             UserWarning,
-            stacklevel=5,  # the caller of OLion(...)
+            stacklevel=caller_stacklevel(),  # the user's line that built the optimizer
         )
-
-    @staticmethod
-    def _check_params(group: dict[str, Any], hidden: bool) -> None:
-        names = group.get("param_names") or [""] * len(group["params"])
-        for name, p in zip(names, group["params"], strict=True):
-            check_not_sharded(name, p, "OLion")
-            if hidden:
-                check_dtensor_layout(param_label(name, p), p)
-            if hidden and p.ndim < 2:
-                raise ValueError(
-                    f"OLion needs a matrix but {param_label(name, p)} was routed to it (ndim {p.ndim}, "
-                    "valid: ndim >= 2); fix the predicate or the group's use_olion"
-                )
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -195,12 +202,12 @@ class OLion(torch.optim.Optimizer):
                 loss = closure()
         hidden: list[tuple[Tensor, dict[str, Any]]] = []
         for group in self.param_groups:
-            for p in group["params"]:
+            for p, orthogonal in zip(group["params"], group["orthogonal"], strict=True):
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError("OLion does not support sparse gradients")
-                if group["use_olion"]:
+                if orthogonal:
                     hidden.append((p, group))
                 else:
                     self._adamw_update(p, group)
@@ -277,16 +284,20 @@ class OLion(torch.optim.Optimizer):
         local.add_(shard_of(u.reshape(p.shape), p, rank, world), alpha=-group["lr"])
 
     def _adamw_update(self, p: Tensor, group: dict[str, Any]) -> None:
+        """Bias-corrected AdamW with decoupled decay (≥2-D params only) at the group's AdamW lr."""
+        lr = adamw_lr(group)
+        wd = group["weight_decay"] if group["adamw_weight_decay"] is None else group["adamw_weight_decay"]
+        wd = wd if p.ndim >= 2 else 0.0
         g, state = p.grad, self.state[p]
         if not state:
             state["step"] = 0
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         state["step"] += 1
-        b1, b2 = group["betas"]
+        b1, b2 = group["adamw_betas"]
         m, v, t = state["exp_avg"], state["exp_avg_sq"], state["step"]
         m.lerp_(g, 1 - b1)
         v.mul_(b2).addcmul_(g, g, value=1 - b2)
-        denom = (v.sqrt() / math.sqrt(1 - b2**t)).add_(group["eps"])
-        p.mul_(1 - group["lr"] * group["weight_decay"])
-        p.addcdiv_(m, denom, value=-group["lr"] / (1 - b1**t))
+        denom = (v.sqrt() / math.sqrt(1 - b2**t)).add_(group["adamw_eps"])
+        p.mul_(1 - lr * wd)
+        p.addcdiv_(m, denom, value=-lr / (1 - b1**t))

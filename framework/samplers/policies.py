@@ -31,6 +31,25 @@ def pruned_epochs(delta: float, num_epochs: int) -> int:
     return int(math.floor(delta * num_epochs + 1e-9))
 
 
+def schedule_warning(policy: SelectionPolicy, num_epochs: int) -> str | None:
+    """Why `policy` cannot act within a run of `num_epochs` (None if it can): it prunes the first ⌊δE⌋
+    epochs, and a policy that learns from scores needs a second pruning epoch to use any."""
+    if not policy.prunes(0, 1 << 30):  # a full-data policy, or delta = 0: nothing to prune by design
+        return None
+    k = pruned_epochs(policy.delta, num_epochs)
+    learns = set(policy.needs) - {"index"}
+    need = 2 if learns else 1
+    if k >= need:
+        return None
+    at_least = next(e for e in range(1, 1 << 20) if pruned_epochs(policy.delta, e) >= need)
+    name = type(policy).__name__
+    what = ("never prunes: every epoch trains on full data" if k == 0 else
+            "prunes only epoch 0, chosen before any score was seen (a random subset): its scores never act")
+    return (f"{name} {what}. With num_epochs (max_epochs) = {num_epochs} the annealing epoch is "
+            f"⌊δ·E⌋ = ⌊{policy.delta}·{num_epochs}⌋ = {k}; set max_epochs (or DataSelection(num_epochs=...)) "
+            f">= {at_least}, or raise delta")
+
+
 def top_k(values: Tensor, k: int, generator: torch.Generator) -> Tensor:
     """Indices of the k largest values, ties broken by a seeded random order (deterministic per generator)."""
     perm = torch.randperm(values.numel(), generator=generator)

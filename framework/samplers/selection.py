@@ -101,6 +101,10 @@ class SelectionSampler(Sampler[int]):
         """Distinct samples selected this epoch (before padding)."""
         return int(torch.unique(self.selection).numel())
 
+    def batch_indices(self, batch: int, batch_size: int) -> Tensor:
+        """The samples of this rank's `batch`-th batch of the epoch, in the order `__iter__` yields them."""
+        return self.selection[self.rank :: self.world_size][batch * batch_size : (batch + 1) * batch_size]
+
     def batch_weights(self, index: Tensor) -> Tensor:
         """Loss weights of the samples `index` in the current epoch."""
         return self.weights[index.long().cpu()]

@@ -142,17 +142,6 @@ def test_resume_replays_the_remaining_batches_and_ends_with_identical_model_and_
     assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == trainer.global_step
 
 
-def test_tuple_batches_are_refused_with_the_fix(tmp_path):
-    class Pairs(TinyData):
-        def train_dataloader(self):
-            return DataLoader([(torch.zeros(1, 8, 8), 0)] * 32, batch_size=16)
-
-    with pytest.raises(TypeError, match="wrap the dataset in framework.samplers.IndexedDataset"):
-        L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False, limit_val_batches=0,
-                  enable_checkpointing=False, default_root_dir=tmp_path,
-                  callbacks=[DataSelection(RandomPolicy())]).fit(module(), datamodule=Pairs())
-
-
 def test_a_run_without_length_is_refused_naming_both_limits(tmp_path):
     trainer = L.Trainer(max_epochs=-1, max_steps=-1, accelerator="cpu", logger=False, default_root_dir=tmp_path)
     with pytest.raises(ValueError, match="max_epochs=-1, max_steps=-1"):

@@ -168,7 +168,7 @@ def test_the_registered_ortho_momentum_is_olion_without_the_sign_step():
 
     opt = OPTIMIZERS.build("ortho_momentum", small_lm().named_parameters())
     assert type(opt) is OLion
-    assert [g["sign"] for g in opt.param_groups if g["use_olion"]] == [False]
+    assert [g["sign"] for g in opt.param_groups if any(g["orthogonal"])] == [False]
 
 
 @pytest.mark.parametrize("cls", [OLion, MuonAdamW])

@@ -14,9 +14,20 @@ from torch import nn
 
 import framework.optim.olion as olion_module
 from framework.optim import OLion, is_hidden_matrix, newton_schulz5
+from framework.optim.olion_groups import adamw_lr
 
 torch.set_num_threads(1)
 LR, WD = 1e-3, 0.1
+
+
+def branches(opt: OLion) -> dict[bool, list[tuple[str, torch.Tensor]]]:
+    """{True: the orthogonal branch's (name, param), False: the AdamW branch's}, over all groups in order."""
+    out: dict[bool, list[tuple[str, torch.Tensor]]] = {True: [], False: []}
+    for g in opt.param_groups:
+        names = g.get("param_names") or [""] * len(g["params"])
+        for name, p, orthogonal in zip(names, g["params"], g["orthogonal"], strict=True):
+            out[orthogonal].append((name, p))
+    return out
 
 
 class Block(nn.Module):
@@ -204,20 +215,19 @@ def test_three_steps_match_the_authors_update_in_float64(shape):
 def test_gpt_routing_sends_only_hidden_linear_weights_to_olion():
     model = TinyGPT()
     opt = OLion(model.named_parameters())
-    by_branch = {(g["use_olion"], g["weight_decay"]): g["param_names"] for g in opt.param_groups}
-    hidden = by_branch[(True, 0.1)]
+    assert len(opt.param_groups) == 1  # the user's one group; routing is per parameter
+    hidden = [n for n, _ in branches(opt)[True]]
     assert len(hidden) == 12 and all(n.startswith("h.") and n.endswith(".weight") for n in hidden)
     assert not any("ln" in n for n in hidden)
-    assert sorted(by_branch[(False, 0.1)]) == ["lm_head.weight", "wpe.weight", "wte.weight"]
-    assert len(by_branch[(False, 0.0)]) == 22 and all(p.ndim == 1 for p in opt.param_groups[2]["params"])
-    assert all("lr" in g and "use_olion" in g for g in opt.param_groups)
+    adamw = branches(opt)[False]
+    assert sorted(n for n, p in adamw if p.ndim >= 2) == ["lm_head.weight", "wpe.weight", "wte.weight"]  # decayed
+    assert len([n for n, p in adamw if p.ndim < 2]) == 22 and all(p.ndim in (1, 2) for _, p in adamw)
+    assert all("lr" in g and "orthogonal" in g for g in opt.param_groups)
 
 
 def test_conv_routing_sends_hidden_kernels_to_olion_and_stem_head_bn_bias_to_adamw():
     opt = OLion(conv_net().named_parameters())
-    names = {g["use_olion"]: [] for g in opt.param_groups}
-    for g in opt.param_groups:
-        names[g["use_olion"]] += g["param_names"]
+    names = {k: [n for n, _ in v] for k, v in branches(opt).items()}
     assert names[True] == ["body.0.weight", "body.3.weight"]
     assert sorted(names[False]) == sorted(
         ["stem.weight", "stem.bias", "body.0.bias", "body.1.weight", "body.1.bias", "body.3.bias",
@@ -253,7 +263,7 @@ def test_plain_tensors_are_routed_by_ndim_only():
     model = TinyGPT()
     with pytest.warns(UserWarning, match="without names"):
         opt = OLion(model.parameters())
-    olion = [p for g in opt.param_groups if g["use_olion"] for p in g["params"]]
+    olion = [p for _, p in branches(opt)[True]]
     assert any(p is model.wte.weight for p in olion) and all(p.ndim == 2 for p in olion)
     assert all("param_names" not in g for g in opt.param_groups)
 
@@ -299,14 +309,14 @@ def test_group_dicts_keep_their_options_and_can_force_a_branch():
     opt = OLion(
         [{"params": rest, "lr": 2e-3, "adamw_lr": 5e-4}, {"params": head, "use_olion": True}], lr=1e-3
     )
-    lrs = {(g["use_olion"], tuple(g["param_names"])[0]): g["lr"] for g in opt.param_groups}
-    assert lrs[(True, "h.0.attn.q.weight")] == 2e-3 and lrs[(False, "wte.weight")] == 5e-4
-    assert lrs[(True, "lm_head.weight")] == 1e-3
+    rest_group, head_group = opt.param_groups
+    assert rest_group["lr"] == 2e-3 and adamw_lr(rest_group) == 5e-4  # h.* on OLion at 2e-3, wte on AdamW at 5e-4
+    assert head_group["lr"] == 1e-3 and head_group["orthogonal"] == [True]
 
 
 def test_custom_predicate_overrides_routing():
     opt = OLion(TinyGPT().named_parameters(), predicate=lambda n, p: p.ndim == 2)
-    hidden = [n for g in opt.param_groups if g["use_olion"] for n in g["param_names"]]
+    hidden = [n for n, _ in branches(opt)[True]]
     assert "lm_head.weight" in hidden and "wte.weight" in hidden
 
 
@@ -376,7 +386,8 @@ def test_lr_scheduler_scales_every_group_and_keeps_the_adamw_lr_separate():
     lm_loss(model, 0).backward()
     opt.step()
     sched.step()
-    assert sorted({(g["use_olion"], g["lr"]) for g in opt.param_groups}) == [(False, 5e-4), (True, 5e-3)]
+    (group,) = opt.param_groups
+    assert group["lr"] == 5e-3 and math.isclose(adamw_lr(group), 5e-4, rel_tol=1e-15)
 
 
 def test_adamw_branch_matches_torch_adamw():

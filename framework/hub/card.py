@@ -1,0 +1,68 @@
+"""The model card (`README.md`) of a push: metadata, how to load the model (framework, timm, or plain
+huggingface_hub + safetensors, by the config's format), the final metrics, the training curves, the command."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from framework.hub.common import CONFIG_NAME, PLOT_NAME, WEIGHTS_NAME
+from framework.hub.formats import PLAIN, TIMM
+
+
+def model_card(bundle: Any, repo_id: str, revision: str | None, has_plot: bool) -> str:
+    """The README.md of a push of `bundle` (a push `_Bundle`: model, config, format, metrics, ...) to `repo_id`."""
+    from huggingface_hub import EvalResult, ModelCardData
+
+    cfg, fmt = bundle.config, bundle.format
+    name = cfg.get("architecture") or cfg["name"]
+    finite = {k: v for k, v in sorted(bundle.metrics.items()) if math.isfinite(v)}
+    dataset = bundle.datasets[0] if bundle.datasets else "unknown"
+    evals = [EvalResult(task_type=bundle.task or "other", dataset_type=dataset, dataset_name=dataset,
+                        metric_type=k, metric_name=k, metric_value=v) for k, v in finite.items()]
+    extra = ("timm", "image-classification") if fmt == TIMM else ()
+    tags = [t for t in ("framework", "pytorch-lightning", "safetensors", *extra, name, cfg.get("recipe")) if t]
+    data = ModelCardData(library_name="timm" if fmt == TIMM else "framework", tags=tags,
+                         datasets=bundle.datasets or None, metrics=list(finite) or None, model_name=repo_id,
+                         eval_results=evals or None)
+    params = sum(p.numel() for p in bundle.model.parameters())
+    rows = "\n".join(f"| {k} | {v:.6g} |" for k, v in sorted(bundle.metrics.items())) or "| (none logged) | |"
+    step = f" after step {bundle.global_step}" if bundle.global_step is not None else ""
+    recipe = f" with recipe `{cfg['recipe']}`" if cfg.get("recipe") else ""
+    card = [
+        f"---\n{data.to_yaml()}\n---\n\n# {repo_id}\n\nA `{name}` model ({params:,} parameters) trained by framework"
+        f" {cfg['framework_version']}{recipe}.\n\n## Usage\n\n{usage(fmt, name, repo_id, revision)}\n"
+        f"## Metrics\n\nFinal values{step}.\n\n| metric | value |\n|---|---|\n{rows}\n",
+    ]
+    if has_plot:
+        card.append(f"\n## Training curves\n\n![training curves]({PLOT_NAME})\n")
+    if cfg.get("command"):
+        card.append(f"\n## Training command\n\n```bash\n{cfg['command']}\n```\n")
+    shown = cfg.get("model_args", {}) if fmt == TIMM else cfg["config"]
+    card.append(f"\n## Model config\n\n```json\n{json.dumps(shown, indent=2)}\n```\n")
+    return "".join(card)
+
+
+def usage(fmt: str, name: str, repo_id: str, revision: str | None) -> str:
+    """The card's "Usage" section: the first ```python block is the snippet that loads the model."""
+    rev = f", revision={revision!r}" if revision and revision != "main" else ""
+    if fmt == TIMM:
+        hub_id = f"hf-hub:{repo_id}" + (f"@{revision}" if rev else "")
+        return (f"```python\nimport timm\n\nmodel = timm.create_model({hub_id!r}, pretrained=True).eval()\n```\n\n"
+                f"or `framework.hub.from_pretrained({repo_id!r}{rev})`, or `python -m framework.hub pull {repo_id}`.\n")
+    if fmt == PLAIN:
+        return (
+            f"`config.json` holds the constructor arguments of `{name}` (its saved hyperparameters); with your class"
+            f" `{name}` in scope:\n\n```python\nimport json\n\nfrom huggingface_hub import hf_hub_download\n"
+            f"from safetensors.torch import load_model\n\n"
+            f"config = json.load(open(hf_hub_download({repo_id!r}, {CONFIG_NAME!r}{rev})))\n"
+            f"model = {name}(**config[\"config\"])\n"
+            f"load_model(model, hf_hub_download({repo_id!r}, {WEIGHTS_NAME!r}{rev}))\n"
+            f"model.eval()\n```\n\nor `framework.hub.from_pretrained({repo_id!r}{rev}, model_cls={name})`.\n")
+    return (f"```python\nfrom framework.hub import from_pretrained\n\nmodel = from_pretrained({repo_id!r}{rev})"
+            f"  # eval mode: rebuilt by registry name, safetensors weights\n```\n\n"
+            f"or `python -m framework.hub pull {repo_id}`.\n")
+
+
+__all__ = ["model_card", "usage"]

@@ -1,0 +1,122 @@
+"""The three `config.json` formats the Hub integration reads and writes.
+
+- framework: `{"name": <registry name>, "config": {...}}`, rebuilt through the model catalog (or `build=`);
+- timm: `{"architecture": <timm model name>, "num_classes", "model_args", "pretrained_cfg", ...}` as
+  `timm.models.push_to_hf_hub` writes it, rebuilt by `timm.create_model(architecture, pretrained=False, ...)`;
+- plain: `{"format": "plain", "name": <the class's __name__, a label>, "config": <saved hyperparameters>}`, rebuilt
+  by the user's own class (`model_cls=`), as the model card's snippet shows.
+
+None of them holds an import path; timm is imported only when a config or a model is timm's.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from torch import nn
+
+from framework.hub.common import UnsafeConfigError
+
+FRAMEWORK, TIMM, PLAIN = "framework", "timm", "plain"
+#: pretrained_cfg keys that name a module *inside* the model (`patch_embed.proj`): attribute paths, never imported
+TIMM_INFO_KEY = "pretrained_cfg"
+
+
+class ModelSpec(NamedTuple):
+    """What a validated config.json builds: its format, the model's name and its constructor values."""
+
+    format: str
+    name: str  # registry name, timm architecture, or (plain) the class's __name__
+    values: dict[str, Any]
+
+
+def config_format(config: dict[str, Any]) -> str:
+    """`plain`, `timm` (an `architecture` and no `name`) or `framework`."""
+    if config.get("format") == PLAIN:
+        return PLAIN
+    if "architecture" in config and "name" not in config:
+        return TIMM
+    return FRAMEWORK
+
+
+def model_spec(config: dict[str, Any]) -> ModelSpec:
+    """The name and constructor values of a validated config.json, whatever its format."""
+    fmt = config_format(config)
+    if fmt == TIMM:
+        values = {"num_classes": config["num_classes"]} if "num_classes" in config else {}
+        return ModelSpec(fmt, config["architecture"], {**values, **config.get("model_args", {})})
+    return ModelSpec(fmt, config["name"], dict(config.get("config", {})))
+
+
+def check_timm_config(config: dict[str, Any]) -> None:
+    """UnsafeConfigError unless `architecture` is a model name timm knows and the build values are plain."""
+    arch = config.get("architecture")
+    if not isinstance(arch, str) or not arch:
+        raise UnsafeConfigError(f"config.json 'architecture' must be a timm model name (a string), got {arch!r}")
+    import timm
+
+    if not timm.is_model(arch) or arch != timm.models.get_arch_name(arch):
+        raise UnsafeConfigError(f"config.json 'architecture' = {arch!r} is not a model timm {timm.__version__} knows"
+                                " (timm.is_model); only timm's own model names are built, never an import path")
+    num_classes = config.get("num_classes")
+    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int)):
+        raise UnsafeConfigError(f"config.json 'num_classes' must be an integer, got {num_classes!r}")
+    for key in ("model_args", TIMM_INFO_KEY):
+        if not isinstance(config.get(key, {}), dict):
+            raise UnsafeConfigError(f"config.json {key!r} must be an object, got {config[key]!r}")
+
+
+def timm_model(name: str, values: dict[str, Any], pretrained_cfg: dict[str, Any] | None = None) -> nn.Module:
+    """`timm.create_model(name, pretrained=False, **values)` with the repo's pretrained_cfg (input size, mean, std)."""
+    import timm
+
+    try:
+        return timm.create_model(name, pretrained=False, pretrained_cfg=dict(pretrained_cfg or {}) or None, **values)
+    except TypeError as err:
+        raise UnsafeConfigError(f"config.json's model_args do not fit timm model {name!r}: {err}") from err
+
+
+def timm_architecture(model: nn.Module) -> str | None:
+    """The timm model name `model` was built as (`model.pretrained_cfg['architecture']`), None for other models."""
+    cfg = getattr(model, "pretrained_cfg", None)
+    arch = cfg.get("architecture") if isinstance(cfg, dict) else None
+    if not isinstance(arch, str) or not hasattr(model, "num_classes"):
+        return None
+    import timm
+
+    return arch if timm.is_model(arch) else None
+
+
+def timm_config(model: nn.Module) -> dict[str, Any]:
+    """The config.json timm's own `save_for_hf` / `push_to_hf_hub` writes for `model`."""
+    from timm.models._hub import save_config_for_hf
+
+    with tempfile.TemporaryDirectory(prefix="framework-timm-") as tmp:
+        path = Path(tmp) / "config.json"
+        save_config_for_hf(model, str(path))
+        return json.loads(path.read_text())
+
+
+def saved_hparams(module: nn.Module) -> dict[str, Any] | None:
+    """The constructor arguments Lightning saved (`save_hyperparameters()`), as JSON values; None if none were."""
+    hparams = getattr(module, "hparams", None)
+    if not hparams or not hasattr(hparams, "items"):
+        return None
+    values = dict(hparams.items())
+    for key, value in values.items():
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            raise ValueError(f"{type(module).__name__}'s saved hyperparameter {key!r} = {value!r} is not a plain JSON"
+                             " value; pass only plain values to its constructor (or exclude it with"
+                             f" save_hyperparameters(ignore=[{key!r}]))") from None
+    return json.loads(json.dumps(values))  # tuples become lists, as config.json stores them
+
+
+__all__ = [
+    "FRAMEWORK", "ModelSpec", "PLAIN", "TIMM", "TIMM_INFO_KEY", "check_timm_config", "config_format", "model_spec",
+    "saved_hparams", "timm_architecture", "timm_config", "timm_model",
+]

@@ -1,0 +1,85 @@
+"""What a live module pushes: which model, in which config.json format, decided before anything is trained or
+uploaded (`HubPush.setup` asks the same question, so an unpushable module stops the fit before step 1)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Any, NamedTuple
+
+from torch import nn
+
+from framework import __version__
+from framework.hub.common import NotPushableError
+from framework.hub.formats import FRAMEWORK, PLAIN, TIMM, saved_hparams, timm_architecture, timm_config
+from framework.hub.load import validate_config
+
+HOW = ("give it a framework model (`.init_config`, or a `.model` with one), a timm model (timm.create_model, or"
+       " a `.model` built by it), or call self.save_hyperparameters() in its __init__ so its constructor arguments"
+       " are saved")
+
+
+class Pushable(NamedTuple):
+    """The model a push publishes, its config.json format and the config.json itself (validated)."""
+
+    format: str
+    model: nn.Module
+    config: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        """The model's registry name, timm architecture, or class name."""
+        return str(self.config.get("architecture") or self.config.get("name"))
+
+
+def pushable(module: nn.Module, info: dict[str, Any] | None = None) -> Pushable:
+    """What pushing `module` would publish; NotPushableError (a ValueError) naming its class and what would
+    make it pushable when it is none of: a framework model, a timm model, a module with saved hyperparameters."""
+    info = info or {}
+    extra = {"framework_version": __version__, "recipe": info.get("recipe"),
+             "command": info.get("command") or " ".join(shlex.quote(a) for a in ["python", *sys.argv])}
+    what = type(module).__name__
+    try:
+        fmt, model = _pick(module)
+        if fmt == FRAMEWORK:
+            config = {"name": _framework_name(model, info), "config": dict(model.init_config), **extra}
+        elif fmt == TIMM:
+            config = {**timm_config(model), **extra}
+        else:
+            config = {"format": PLAIN, "name": what, "config": saved_hparams(module), **extra}
+        return Pushable(fmt, model, validate_config(config))
+    except NotPushableError:
+        raise
+    except (ValueError, LookupError) as err:
+        raise NotPushableError(f"{what} cannot be pushed to the Hub: {err}") from err
+
+
+def _pick(module: nn.Module) -> tuple[str, nn.Module]:
+    inner = getattr(module, "model", None)
+    inner = inner if isinstance(inner, nn.Module) else None
+    for candidate in (module, inner):
+        if candidate is not None and hasattr(candidate, "init_config"):
+            return FRAMEWORK, candidate
+    for candidate in (module, inner):
+        if candidate is not None and timm_architecture(candidate):
+            return TIMM, candidate
+    if saved_hparams(module):
+        return PLAIN, module
+    raise NotPushableError(f"{type(module).__name__} cannot be pushed to the Hub: it is no framework model, no timm"
+                           f" model and saved no hyperparameters; to make it pushable, {HOW}")
+
+
+def _framework_name(model: nn.Module, info: dict[str, Any]) -> str:
+    if info.get("model_name"):
+        return str(info["model_name"])
+    from framework.registry import MODELS, load_catalog
+
+    load_catalog()
+    try:
+        return MODELS.name_of(type(model))
+    except LookupError as err:
+        raise NotPushableError(f"{type(model).__name__} is not registered in the model catalog, so config.json"
+                               " cannot name it: register it, or pass info={'model_name': ...}") from err
+
+
+__all__ = ["HOW", "Pushable", "pushable"]

@@ -1,0 +1,126 @@
+"""What one training step tells a selection policy, for any LightningModule and any batch layout.
+
+`DataSelection` reads the per-sample fields a policy `needs` from, in this order:
+- the dict `training_step` returns: `per_sample_loss` (or `losses`), `logits`, `features`, `targets`, `index`;
+- the classifier head it was told to watch (`DataSelection(head="net.fc")`): the head's output is the logits,
+  its input the penultimate features, both taken from the training step's own forward pass;
+- the batch: `batch["targets"]`/`batch["y"]`, or the second element of a tuple batch `(x, y)`, as targets;
+- its own sampler, for the indices (the callback knows which samples each batch holds: it yields them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor, nn
+
+ALIASES = {"losses": ("losses", "per_sample_loss")}  # a step output's accepted names
+BATCH_KEYS = {"targets": "y"}  # a field that may also be read from a dict batch under another name
+HOOK = "return {'loss': losses.mean(), 'per_sample_loss': losses} from training_step (losses: reduction='none')"
+
+
+def batch_len(batch: Any) -> int | None:
+    """The leading size of the first tensor in `batch` (a tensor, or a dict, tuple or list holding one)."""
+    if isinstance(batch, Tensor):
+        return int(batch.shape[0]) if batch.dim() else None
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for value in values:
+        n = batch_len(value)
+        if n is not None:
+            return n
+    return None
+
+
+def from_batch(batch: Any, key: str) -> Any:
+    if isinstance(batch, dict):
+        return batch.get(key, batch.get(BATCH_KEYS.get(key, key)))
+    if key == "targets" and isinstance(batch, (list, tuple)) and len(batch) >= 2:
+        return batch[1]
+    return None
+
+
+class HeadCapture:
+    """Keeps the input (`features`) and output (`logits`) of `root`'s submodule `name` while `active`."""
+
+    def __init__(self, root: nn.Module, name: str):
+        try:
+            module = root.get_submodule(name)
+        except AttributeError as error:
+            names = [n for n, m in root.named_modules() if n and not list(m.children())]
+            raise ValueError(f"DataSelection(head={name!r}): {type(root).__name__} has no such submodule; its "
+                             f"layers: {names[:12]}") from error
+        self.active, self.fields = False, {}
+        self.handle = module.register_forward_hook(self._hook)
+
+    def _hook(self, module: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
+        if self.active and isinstance(output, Tensor) and inputs and isinstance(inputs[0], Tensor):
+            self.fields = {"features": inputs[0].detach(), "logits": output.detach()}
+
+    def __enter__(self) -> HeadCapture:
+        self.active, self.fields = True, {}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.active = False
+
+    def remove(self) -> None:
+        """Detach the hook (returns None, for `capture = capture.remove()`)."""
+        self.handle.remove()
+
+
+def step_fields(outputs: Any, batch: Any, needs: tuple[str, ...], index: Tensor, captured: dict[str, Tensor],
+                policy: str) -> dict[str, Tensor]:
+    """The fields `needs` names for one step (detached), or an error saying how to provide the missing ones."""
+    out = outputs if isinstance(outputs, dict) else {}
+    step: dict[str, Tensor] = {}
+    for key in needs:
+        value = next((out[k] for k in ALIASES.get(key, (key,)) if out.get(k) is not None), None)
+        if value is None and key == "index":
+            value = index
+        if value is None:
+            value = captured.get(key)
+        if value is None:
+            value = from_batch(batch, key)
+        if value is None:
+            what = f"a dict with {sorted(out)}" if out else type(outputs).__name__
+            how = HOOK if key == "losses" else (
+                f"add {key!r} to training_step's output dict, or name the classifier's last layer: "
+                "DataSelection(head='net.fc') (its output is the logits, its input the features)")
+            raise TypeError(f"{policy} needs the per-sample {key!r} of every training step; training_step "
+                            f"returned {what}: {how}")
+        step[key] = torch.as_tensor(value).detach()
+    return step
+
+
+def reweight(outputs: Any, weight: Tensor, policy: str) -> Any:
+    """`outputs` with its loss trained on mean(w·ℓ): loss + mean((w − 1)·ℓ), ℓ its `per_sample_loss`."""
+    losses = outputs.get("per_sample_loss") if isinstance(outputs, dict) else None
+    if losses is None:
+        raise TypeError(f"{policy} weighs this epoch's samples (weights {weight.min():.3g}..{weight.max():.3g}) "
+                        f"and the batch has no room for them; {HOOK}")
+    if losses.shape != weight.shape:
+        raise ValueError(f"per_sample_loss has shape {tuple(losses.shape)}; it must hold one loss per sample of "
+                         f"the batch: {tuple(weight.shape)}")
+    loss = outputs["loss"]
+    if isinstance(loss, Tensor) and loss.requires_grad and not losses.requires_grad:
+        raise ValueError("per_sample_loss is detached: return the tensor the loss was computed from, so the "
+                         "selection's weights reach the gradient")
+    return {**outputs, "loss": loss + ((weight.to(losses.device, losses.dtype) - 1) * losses).mean()}
+
+
+def gather(step: dict[str, Tensor], pl_module: L.LightningModule, world_size: int) -> dict[str, Tensor]:
+    """All-gather every field in one collective (packed as float64, exact for indices and labels)."""
+    if world_size == 1:
+        return step
+    b = step["index"].shape[0]
+    cols = [v.reshape(b, -1).to(pl_module.device, torch.float64) for v in step.values()]
+    packed = pl_module.all_gather(torch.cat(cols, 1)).flatten(0, 1)
+    out, at = {}, 0
+    for (key, value), col in zip(step.items(), cols, strict=True):
+        width = col.shape[1]
+        part = packed[:, at : at + width].reshape(-1, *value.shape[1:])
+        out[key] = part.long() if key in ("index", "targets") else part.to(value.dtype)
+        at += width
+    return out

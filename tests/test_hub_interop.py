@@ -1,0 +1,194 @@
+"""Other clients are users too, against the local Hub server: a timm model goes up in timm's own format
+(`timm.create_model("hf-hub:...")` loads it), what timm pushes loads back through `from_pretrained` and
+`python -m framework.hub pull`, a plain LightningModule's card snippet (huggingface_hub + safetensors) rebuilds it,
+and a module that could not be pushed stops the fit before step 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import timm
+import torch
+from huggingface_hub import constants, hf_hub_download, try_to_load_from_cache
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from framework.callbacks.hub_push import HubPush
+from framework.hub import NotPushableError, UnsafeConfigError, from_pretrained, load_config, push_to_hub
+
+REPO = Path(__file__).resolve().parents[1]
+IMAGES = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(autouse=True)
+def online(monkeypatch):
+    """timm and huggingface_hub download from the local Hub (HF_ENDPOINT), so the client must not be offline."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+
+def fit(module: L.LightningModule, callback: L.Callback, root: Path, x: torch.Tensor, y: torch.Tensor) -> L.Trainer:
+    """Two CPU steps of a plain `L.Trainer` with `callback`."""
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+                        default_root_dir=root)
+    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=2))
+    return trainer
+
+
+class LitTimm(L.LightningModule):
+    """A LightningModule around a timm model (`.model`), as users write it."""
+
+    def __init__(self, num_classes: int = 5):
+        super().__init__()
+        self.model = timm.create_model("test_resnet", pretrained=False, num_classes=num_classes)
+
+    def training_step(self, batch, batch_idx):
+        return nn.functional.cross_entropy(self.model(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class LitRegressor(L.LightningModule):
+    """A plain LightningModule that saved its constructor arguments."""
+
+    def __init__(self, in_dim: int = 4, hidden: int = 8, widths: tuple[int, ...] = (3, 2), lr: float = 0.1):
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, widths[0]))
+        self.steps = 0
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        self.steps += 1
+        return nn.functional.mse_loss(self(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class Unsaved(LitRegressor):
+    """The same module without save_hyperparameters(): nothing records how to rebuild it."""
+
+    def save_hyperparameters(self, *args, **kwargs):
+        pass
+
+
+def same_weights(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def pull(repo_id: str, hub) -> subprocess.CompletedProcess:
+    """`python -m framework.hub pull REPO_ID` in a fresh process against the local Hub."""
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": "dummy", "HF_HUB_CACHE": str(hub.root / "cache-pull"),
+           "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "framework.hub", "pull", repo_id], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, env=env)
+
+
+# ---- timm → our push → timm.create_model("hf-hub:...") ----------------------------------------------------------
+def test_a_timm_model_in_a_fit_is_pushed_in_timms_format_and_timm_loads_the_same_model(hub, tmp_path):
+    module = LitTimm()
+    callback = HubPush("local-user/timm-ours")
+    fit(module, callback, tmp_path, IMAGES, torch.tensor([0, 3]))
+    assert len(callback.pushes) == 1 and not callback.failures
+    config = json.loads(Path(hf_hub_download("local-user/timm-ours", "config.json")).read_text())
+    assert config["architecture"] == "test_resnet" and config["num_classes"] == 5 and "name" not in config
+    assert {"num_features", "pretrained_cfg", "model_args"} <= set(config) and config["pretrained_cfg"]["mean"]
+    ours = module.model.eval()
+    theirs = timm.create_model("hf-hub:local-user/timm-ours", pretrained=True).eval()
+    with torch.no_grad():
+        assert torch.equal(theirs(IMAGES), ours(IMAGES))
+    assert torch.equal(from_pretrained("local-user/timm-ours")(IMAGES), ours(IMAGES))
+    readme = Path(hf_hub_download("local-user/timm-ours", "README.md")).read_text()
+    assert "library_name: timm" in readme and "timm.create_model('hf-hub:local-user/timm-ours'" in readme
+
+
+def test_push_to_hub_takes_a_bare_timm_vit_and_timm_loads_it(hub):
+    model = timm.create_model("test_vit", pretrained=False, num_classes=3).eval()  # pretrained_cfg: "patch_embed.proj"
+    push_to_hub(model, "local-user/vit-ours")
+    theirs = timm.create_model("hf-hub:local-user/vit-ours", pretrained=True).eval()
+    x = torch.randn(1, 3, 160, 160, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(theirs(x), model(x))
+    assert load_config("local-user/vit-ours")["pretrained_cfg"]["first_conv"] == "patch_embed.proj"
+
+
+# ---- timm's own push → from_pretrained / pull -------------------------------------------------------------------
+def test_what_timm_pushes_loads_through_from_pretrained_load_config_and_pull(hub):
+    from timm.models import push_to_hf_hub
+
+    model = timm.create_model("test_resnet", pretrained=False, num_classes=7).eval()
+    push_to_hf_hub(model, "local-user/timm-theirs")  # safetensors and pytorch_model.bin: only the first is read
+    assert load_config("local-user/timm-theirs")["architecture"] == "test_resnet"
+    loaded = from_pretrained("local-user/timm-theirs")
+    assert type(loaded) is type(model) and not loaded.training and same_weights(loaded, model)
+    with torch.no_grad():
+        assert torch.equal(loaded(IMAGES), model(IMAGES))
+    built = []
+    via_build = from_pretrained("local-user/timm-theirs",
+                                build=lambda name, values: built.append(name) or timm.create_model(name, **values))
+    assert built == ["test_resnet"] and same_weights(via_build, model)
+    proc = pull("local-user/timm-theirs", hub)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "test_resnet (ResNet, " in proc.stdout and "num_classes=7" in proc.stdout
+
+
+@pytest.mark.parametrize("architecture", ["os.system", "framework.models.transformer:TransformerLM", "no_such_net",
+                                          "test_resnet.evil_tag"])
+def test_a_timm_config_naming_anything_but_a_timm_model_is_refused_before_the_weights(hub, architecture):
+    repo = f"local-user/evil-timm-{abs(hash(architecture)) % 10**6}"
+    hub.api.create_repo(repo, exist_ok=True)
+    config = {"architecture": architecture, "num_classes": 2, "pretrained_cfg": {}}
+    hub.api.upload_file(path_or_fileobj=json.dumps(config).encode(), path_in_repo="config.json", repo_id=repo)
+    hub.api.upload_file(path_or_fileobj=b"not safetensors", path_in_repo="model.safetensors", repo_id=repo)
+    with pytest.raises(UnsafeConfigError, match=re.escape(repr(architecture))):
+        from_pretrained(repo)
+    assert try_to_load_from_cache(repo, "model.safetensors") is None
+
+
+# ---- a plain LightningModule → HubPush → the card's snippet --------------------------------------------------------
+def test_a_plain_lightning_module_pushes_and_the_cards_snippet_rebuilds_it(hub, tmp_path):
+    module = LitRegressor(in_dim=4, hidden=6)
+    callback = HubPush("local-user/plain-lit")
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(2))
+    fit(module, callback, tmp_path, x, torch.randn(8, 3))
+    assert module.steps == 2 and len(callback.pushes) == 1 and not callback.failures
+    config = load_config("local-user/plain-lit")
+    assert config["format"] == "plain" and config["name"] == "LitRegressor"
+    assert config["config"] == {"in_dim": 4, "hidden": 6, "widths": [3, 2], "lr": 0.1}
+    readme = Path(hf_hub_download("local-user/plain-lit", "README.md")).read_text()
+    snippet = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    assert "framework" not in snippet and len([line for line in snippet.splitlines() if line.strip()]) <= 7
+    scope = {"LitRegressor": LitRegressor}
+    exec(snippet, scope)  # as a huggingface_hub + safetensors user runs it, with their class in scope
+    rebuilt = scope["model"]
+    assert type(rebuilt) is LitRegressor and not rebuilt.training and same_weights(rebuilt, module)
+    assert same_weights(from_pretrained("local-user/plain-lit", model_cls=LitRegressor), module)
+    with pytest.raises(UnsafeConfigError, match=re.escape("model_cls=LitRegressor")):
+        from_pretrained("local-user/plain-lit")
+
+
+# ---- what cannot be pushed: refused before step 1 -----------------------------------------------------------------
+def test_an_unpushable_module_stops_the_fit_before_step_1_with_one_line(hub, tmp_path):
+    module = Unsaved()
+    with pytest.raises(ValueError, match="Unsaved") as err:
+        fit(module, HubPush("local-user/never"), tmp_path, torch.randn(4, 4), torch.randn(4, 3))
+    message = str(err.value)
+    assert isinstance(err.value, NotPushableError) and "\n" not in message
+    assert "save_hyperparameters()" in message and "timm" in message and "init_config" in message
+    assert module.steps == 0
+    with pytest.raises(NotPushableError, match="Linear cannot be pushed"):
+        push_to_hub(nn.Linear(2, 2), "local-user/never")
+    assert not hub.api.repo_exists("local-user/never")
