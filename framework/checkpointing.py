@@ -162,13 +162,13 @@ def newest_finite_checkpoint(paths: Iterable[Path], max_step: int | None = None,
     """Of `paths`, the checkpoint from the highest step (≤ `max_step`, not in `exclude`) whose weights and optimizer
     state are all finite; at equal steps the newest file, `prefer` first. None if there is none. Steps are read
     with `mmap` (no tensor is read until a candidate is checked); unreadable files are skipped."""
-    found = []
+    found, excluded = [], set(exclude)
     for path in paths:
         try:
             step = int(read_checkpoint(path, mmap=True).get("global_step", -1))
         except CheckpointError:
             continue  # a damaged file is no resume point
-        if 0 <= step and (max_step is None or step <= max_step) and step not in set(exclude):
+        if 0 <= step and (max_step is None or step <= max_step) and step not in excluded:
             found.append((step, path.name == prefer, path.stat().st_mtime, path))
     for *_, path in sorted(found, key=lambda f: f[:3], reverse=True):
         if not checkpoint_non_finite(load_checkpoint_file(path))[0]:
