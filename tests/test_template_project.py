@@ -1,12 +1,13 @@
 """A project shaped like lightning-hydra-template (tests/template_project: its own LitModule, DataModule with a
 plain TensorDataset and tuple batches, Hydra `_target_` configs) takes the framework's OLion, DataSelection
-(random, InfoBatch, Data Agent) and NaN guard by Hydra overrides plus 2 changed lines of its own module."""
+(random, InfoBatch, Data Agent), NaN guard and HubPush by Hydra overrides plus 2 changed lines of its own module."""
 
 import ast
 import difflib
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from test_hub import hub_env
 
 from framework.callbacks.selection import DataSelection
 from framework.samplers import InfoBatchPolicy, RandomPolicy
@@ -28,11 +30,15 @@ FRAMEWORK = [  # every framework part, added by overrides only (the sweep runs o
     "+callbacks.selection._target_=framework.callbacks.selection.DataSelection",
     "+callbacks.selection.head=net.model.6",  # the Data Agent's logits and features: the net's last layer
     f"+callbacks.selection.policy._target_={','.join(POLICIES)}",
+    # HubPush: the LitModule gets its net already built, so the push names the net and states its values
+    "+callbacks.hub._target_=framework.callbacks.hub_push.HubPush", "+callbacks.hub.repo_id=local-user/template-net",
+    "+callbacks.hub.info.model_attr=net",
+    "+callbacks.hub.info.model_config={input_size:64,lin1_size:32,lin2_size:32,output_size:10}",
 ]
 
 
-def train(*overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+def train(*overrides: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, str(PROJECT / "train.py"), *overrides], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -50,12 +56,12 @@ def test_the_selection_ready_module_differs_from_the_plain_one_in_at_most_5_line
     assert 0 < max(removed, len(changed) - removed) <= 5, changed
 
 
-def test_the_plain_project_and_the_framework_parts_added_by_overrides_run(tmp_path):
+def test_the_plain_project_and_the_framework_parts_added_by_overrides_run(tmp_path, hub):
     plain = train("model._target_=plain_module.LitModule", f"hydra.run.dir={tmp_path / 'plain'}")
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert "selection/cost" not in json.loads((tmp_path / "plain" / "metrics.json").read_text())
 
-    runs = train("-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *FRAMEWORK)
+    runs = train("-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *FRAMEWORK, env=hub_env(hub.url, tmp_path / "cache"))
     assert runs.returncode == 0, runs.stderr[-3000:]  # a multirun exits 0 only if every job did
     for job, policy in enumerate(POLICIES):
         metrics = json.loads((tmp_path / "sweep" / str(job) / "metrics.json").read_text())
@@ -66,6 +72,32 @@ def test_the_plain_project_and_the_framework_parts_added_by_overrides_run(tmp_pa
     table = state["DataSelection"]["table"]
     assert (table["scores"] != table["initial_score"]).float().mean() > 0.5  # the agent scored the samples
     assert "selection/action_mean" in json.loads((tmp_path / "sweep" / "2" / "metrics.json").read_text())
+    pushed_net_rebuilds_from_its_card(tmp_path / "sweep" / "2" / "checkpoints" / "last.ckpt")
+
+
+def pushed_net_rebuilds_from_its_card(last_ckpt: Path) -> None:
+    """The last job's HubPush: config.json holds the net's values, and the card's huggingface_hub + safetensors
+    snippet, run as printed with the project's class in scope, rebuilds the net the job trained."""
+    from huggingface_hub import hf_hub_download
+
+    from framework.hub import load_config
+
+    config = load_config("local-user/template-net")
+    assert (config["format"], config["name"]) == ("plain", "SimpleDenseNet")
+    assert config["config"] == {"input_size": 64, "lin1_size": 32, "lin2_size": 32, "output_size": 10}
+    readme = Path(hf_hub_download("local-user/template-net", "README.md")).read_text()
+    snippet = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    sys.path.insert(0, str(PROJECT))
+    try:
+        from net import SimpleDenseNet
+    finally:
+        sys.path.remove(str(PROJECT))
+    scope = {"SimpleDenseNet": SimpleDenseNet}
+    exec(snippet, scope)  # noqa: S102 - as a huggingface_hub + safetensors user runs it
+    trained = {k.removeprefix("net."): v for k, v in torch.load(last_ckpt, weights_only=False)["state_dict"].items()
+               if k.startswith("net.")}
+    rebuilt = scope["model"].state_dict()
+    assert rebuilt.keys() == trained.keys() and all(torch.equal(rebuilt[k], trained[k]) for k in trained)
 
 
 def project(module: str = "module"):

@@ -39,6 +39,8 @@ def pushable(module: nn.Module, info: dict[str, Any] | None = None) -> Pushable:
     extra = {"framework_version": __version__, "recipe": info.get("recipe"),
              "command": info.get("command") or " ".join(shlex.quote(a) for a in ["python", *sys.argv])}
     what = type(module).__name__
+    if info.get("model_config") is not None:  # a sub-model whose constructor values the caller states
+        return _stated(module, info, extra)
     try:
         fmt, model = _pick(module)
         if fmt == FRAMEWORK:
@@ -52,6 +54,31 @@ def pushable(module: nn.Module, info: dict[str, Any] | None = None) -> Pushable:
         raise
     except (ValueError, LookupError) as err:
         raise NotPushableError(f"{what} cannot be pushed to the Hub: {err}") from err
+
+
+def _stated(module: nn.Module, info: dict[str, Any], extra: dict[str, Any]) -> Pushable:
+    """`info["model_attr"]` of `module` (the module itself without it), pushed in the plain format with the
+    constructor values `info["model_config"]` (a project whose LightningModule gets its net already built, as
+    lightning-hydra-template's does, states the net's values: `info={"model_attr": "net", "model_config": {...}}`)."""
+    attr = info.get("model_attr")
+    model = getattr(module, str(attr), None) if attr else module
+    if not isinstance(model, nn.Module):
+        raise NotPushableError(f"{type(module).__name__} has no sub-model {attr!r} to push (info['model_attr'])")
+    values = _plain(info["model_config"])
+    if not isinstance(values, dict) or any(str(k).startswith("_") for k in values):
+        raise NotPushableError(f"info['model_config'] must be the constructor values of {type(model).__name__} (plain"
+                               f" keys, no _target_), got {values!r}")
+    config = {"format": PLAIN, "name": type(model).__name__, "config": values, **extra}
+    return Pushable(PLAIN, model, validate_config(config))
+
+
+def _plain(value: Any) -> Any:
+    """Mappings and sequences (an OmegaConf node from a Hydra config included) as plain dicts and lists."""
+    if hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        return [_plain(v) for v in value]
+    return value
 
 
 def _pick(module: nn.Module) -> tuple[str, nn.Module]:
