@@ -12,6 +12,8 @@ from typing import Any
 
 from torch import Tensor
 
+from framework.optim.newton_schulz import NS_FORMS
+
 Predicate = Callable[[str, Tensor], bool]
 
 # A name is "not hidden" when any dot-separated part contains one of these substrings ...
@@ -44,6 +46,8 @@ def check_options(opts: dict[str, Any]) -> None:
     for key in ("betas", "adamw_betas"):
         if key in opts:
             check_betas(key, opts[key])
+    if opts.get("ns_form", "auto") not in NS_FORMS:
+        raise ValueError(f"ns_form={opts['ns_form']!r} is invalid: valid: {', '.join(NS_FORMS)}")
     ns = opts.get("ns_steps", 1)
     if isinstance(ns, bool) or not isinstance(ns, int) or ns < 1:
         raise ValueError(f"ns_steps={ns!r} is invalid: must be an integer >= 1")

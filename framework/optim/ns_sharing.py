@@ -3,7 +3,7 @@
 Spec: shared/specs/olion_growth.md §1.5 (distributed). The unit of work is a run of at most `ns_batch`
 same-shape matrices (one batched NS call); which units exist depends only on the parameters and `ns_batch`,
 never on the world size, so a rank computes a unit's result exactly as a single process would. Each unit gets
-an owner rank by greedy longest-processing-time on its NS cost (Σ m·n·min(m, n)); owners broadcast their
+an owner rank by greedy longest-processing-time on its NS cost (`ns_cost`); owners broadcast their
 results, one flat buffer per owner and wire dtype (the sign step's ±1/0 travel as int8).
 """
 
@@ -25,10 +25,12 @@ except ImportError:  # pragma: no cover
 DISTRIBUTED_MODES = ("round_robin", "redundant")
 
 
-def ns_cost(shape: Sequence[int]) -> int:
-    """Newton–Schulz flops of one (m, n) matrix, up to a constant: m·n·min(m, n)."""
+def ns_cost(shape: Sequence[int], gram: bool = False) -> int:
+    """Newton–Schulz multiply-adds of one (m, n) matrix per 5 steps, up to a constant: s²·(10·l + 5·s) in the
+    standard form, s²·(4·l + 14·s) in the Gram form (`gram_newton_schulz5`, one restart), s/l the short/long side."""
     m, n = shape[0], math.prod(shape[1:])
-    return m * n * min(m, n)
+    s, long = min(m, n), max(m, n)
+    return s * s * (4 * long + 14 * s if gram else 10 * long + 5 * s)
 
 
 def assign_owners(costs: Sequence[int], world: int) -> list[int]:

@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 
 from framework.optim.hybrid import Predicate, check_options, is_hidden_matrix
-from framework.optim.newton_schulz import newton_schulz5
+from framework.optim.newton_schulz import orthogonalize, uses_gram
+from framework.optim.ns_dtype import AUTO_KEY, group_ns_dtype
 from framework.optim.ns_sharing import (
     DISTRIBUTED_MODES,
     assign_owners,
@@ -66,7 +67,11 @@ class OLion(torch.optim.Optimizer):
     the lr ratio OLion/AdamW at which OLion first matches AdamW's best result on each workload: start from AdamW's
     best lr times that ratio (8 on the new-user MLP, 3.33 on char_lm at 300 steps) and sweep around it.
 
-    `ns_dtype` (a dtype or its name) sets the Newton–Schulz dtype; None means bf16 on CUDA and fp32 elsewhere.
+    `ns_dtype` (a dtype or its name) sets the Newton–Schulz dtype; None means the faster of bf16 and fp32 on the
+    device, measured once per process (`framework.optim.ns_dtype`: bf16 on GPUs and on CPUs with bf16 matrix
+    instructions, fp32 on other CPUs) and kept in the group's `ns_dtype_auto`, so a resumed run keeps it.
+    `ns_form="auto"` runs NS on the short side's Gram matrix for matrices at least twice as long as wide (fewer
+    FLOPs, the same map; `gram_newton_schulz5`) and the standard iteration otherwise; "standard" / "gram" force one.
     `ns_batch` stacks up to that many same-shape matrices into one batched NS call (1 = a per-matrix loop);
     None means 1 on CPU (batching measured slower there) and 8 on CUDA. Distributed (torch.distributed
     initialised, world size > 1): `distributed="round_robin"` gives each NS unit an owner rank, balanced by cost
@@ -85,6 +90,7 @@ class OLion(torch.optim.Optimizer):
         weight_decay: float = 0.1,
         ns_steps: int = 5,
         ns_dtype: torch.dtype | str | None = None,
+        ns_form: str = "auto",
         use_scale: bool = True,
         rms_scale: bool = True,
         nesterov: bool = True,
@@ -114,6 +120,7 @@ class OLion(torch.optim.Optimizer):
             weight_decay=weight_decay,
             ns_steps=ns_steps,
             ns_dtype=ns_dtype,
+            ns_form=ns_form,
             use_scale=use_scale,
             rms_scale=rms_scale,
             nesterov=nesterov,
@@ -176,6 +183,11 @@ class OLion(torch.optim.Optimizer):
             state_dict, primary = old_layout_to_new(state_dict, self.param_groups)
             self.old_layout_groups = (primary, n_old)
         super().load_state_dict(state_dict)
+        for group in self.param_groups:  # saved before ns_form existed: NS as it ran then (fp32 unless on CUDA)
+            if "ns_form" not in group:
+                group["ns_form"] = "standard"
+                if group["ns_dtype"] is None and AUTO_KEY not in group:
+                    group[AUTO_KEY] = "bfloat16" if group["params"] and group["params"][0].is_cuda else "float32"
 
     def _warn_unnamed(self, params: list[Tensor]) -> None:
         """Once per optimizer: unnamed ≥2-D tensors were routed by shape alone (embeddings/heads included)."""
@@ -223,12 +235,13 @@ class OLion(torch.optim.Optimizer):
         shapes = [torch.Size((p.shape[0], p.numel() // p.shape[0] if p.shape[0] else 0)) for p in params]  # 2-D
         ns_dtypes, keys, batch = [], [], []
         for (_, g), c, shape in zip(hidden, dirs, shapes, strict=True):
-            ns_dtypes.append(g["ns_dtype"] or (torch.bfloat16 if c.is_cuda else torch.float32))
-            keys.append((shape, c.dtype, c.device, ns_dtypes[-1], g["ns_steps"], g["sign"]))
+            ns_dtypes.append(group_ns_dtype(g, c.device, group_pg, world))
+            keys.append((shape, c.dtype, c.device, ns_dtypes[-1], g["ns_steps"], g["ns_form"], g["sign"]))
             batch.append(g["ns_batch"] or (DEFAULT_NS_BATCH_CUDA if c.is_cuda else 1))
         units = make_units(keys, batch)
         share = self.distributed == "round_robin" and world > 1
-        owners = assign_owners([sum(ns_cost(shapes[i]) for i in u) for u in units], world) if share else None
+        costs = [sum(ns_cost(shapes[i], uses_gram(shapes[i], hidden[i][1]["ns_form"])) for i in u) for u in units]
+        owners = assign_owners(costs, world) if share else None
         if any(is_dtensor(p) for p in params):  # whole matrices, on their owner only (everywhere if redundant)
             dst = None
             if owners is not None:
@@ -244,7 +257,7 @@ class OLion(torch.optim.Optimizer):
             g = hidden[unit[0]][1]
             mats = [dirs[i].reshape(shapes[i]) for i in unit]
             x = mats[0] if len(unit) == 1 else torch.stack(mats)
-            q = newton_schulz5(x, steps=g["ns_steps"], dtype=ns_dtypes[unit[0]])
+            q = orthogonalize(x, steps=g["ns_steps"], dtype=ns_dtypes[unit[0]], form=g["ns_form"])
             q = torch.sign(q) if g["sign"] else q  # sign() is exact in any dtype
             for j, i in enumerate(unit):
                 results[i] = q if len(unit) == 1 else q[j]

@@ -152,7 +152,8 @@ def test_ortho_momentum_without_renorm_equals_torch_muon_match_rms_adamw():
     w0 = torch.randn(64, 32, generator=torch.Generator().manual_seed(2))
     ws = [nn.Parameter(w0.clone()) for _ in range(2)]
     ours = OLion(
-        [("w", ws[0])], lr=1e-2, betas=(0.95, 0.95), use_scale=False, ns_dtype=torch.bfloat16, sign=False
+        [("w", ws[0])], lr=1e-2, betas=(0.95, 0.95), use_scale=False, ns_dtype=torch.bfloat16, sign=False,
+        ns_form="standard",  # the standard iteration is what torch.optim.Muon runs, bit for bit
     )
     theirs = torch.optim.Muon([ws[1]], lr=1e-2, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
     for k in range(2):

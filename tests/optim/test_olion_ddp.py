@@ -41,15 +41,15 @@ def make_opt(named_params, distributed: str, ns_batch: int) -> OLion:
 
 
 def count_ns_calls() -> list[int]:
-    """Wrap OLion's newton_schulz5 and count the matrices it orthogonalises."""
+    """Wrap OLion's orthogonalize and count the matrices it orthogonalises."""
     calls = [0]
-    original = olion_module.newton_schulz5
+    original = olion_module.orthogonalize
 
     def counting(x, **kw):
         calls[0] += 1 if x.ndim == 2 else x.shape[0]
         return original(x, **kw)
 
-    olion_module.newton_schulz5 = counting  # only inside a rank process
+    olion_module.orthogonalize = counting  # only inside a rank process
     return calls
 
 

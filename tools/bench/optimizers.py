@@ -1,10 +1,11 @@
 """OLion vs torch.optim.Muon, Lion and AdamW, side by side in one run.
 
-(a) optimizer step time on the parameter set of a 6-layer, d=384 transformer (median of N steps), as ratios to
-    AdamW, OLion / Muon; (b) OLion's step time under DDP on 2 gloo processes, round-robin Newton–Schulz owners
+(a) optimizer step time on the parameter set of a 6-layer, d=384 transformer (median of N interleaved rounds), as
+    ratios to AdamW and to torch.optim.Muon, for OLion's default and each Newton–Schulz path pinned (dtype fp32 /
+    bf16, standard / Gram form), with each path's sign agreement with float64 NS5; (b) OLion's step time under DDP on 2 gloo processes, round-robin Newton–Schulz owners
     vs every rank computing everything, as a ratio; (c) validation bits-per-byte on `char_lm` after the same
     number of steps, each optimizer at its best lr of a 5-point sweep (extended past an edge best), with the loss
-    curves as a PNG; (d) batched vs per-matrix Newton–Schulz; (e) the lr ratio OLion/AdamW at which OLion first
+    curves as a PNG, and (c') every NS path at the default's best lr; (d) batched vs per-matrix Newton–Schulz; (e) the lr ratio OLion/AdamW at which OLion first
     matches AdamW's best, on a new user's MLP and on char_lm. Every char_lm run is fresh (no reuse).
 
     python tools/bench/optimizers.py [--steps 300] [--timing-steps 20] [--skip-quality] [--skip-ddp] [--out DIR]
@@ -30,7 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from framework.models.transformer import TransformerLM  # noqa: E402
-from framework.optim import MuonAdamW, OLion  # noqa: E402
+from framework.optim import MuonAdamW, OLion, is_hidden_matrix, newton_schulz5  # noqa: E402
+from framework.optim.newton_schulz import orthogonalize  # noqa: E402
+from framework.optim.ns_dtype import fast_ns_dtype, measured_ratio  # noqa: E402
 from framework.optim.peers import lion  # noqa: E402
 
 # 5-point grids centred on the previous sweep's best (AdamW 3e-3, OLion and Muon ≥ 1e-2, Lion 3e-4); a best lr on
@@ -69,30 +72,68 @@ def median_step(opt: torch.optim.Optimizer, warm: int, n: int, sync=None) -> flo
     return statistics.median(times)
 
 
-def step_times(steps: int, threads: int) -> dict[str, float]:
-    """Median optimizer.step() seconds on the timing set's parameters, every peer in the same run.
-
-    torch.optim.Muon (`muon`) always runs Newton-Schulz in bf16, which is ~30x slower than fp32 on CPUs without
-    bf16 matrix units, so on CPU it gets 1 warm-up and 2 timed steps, and `ortho_momentum` (the same NS code as
-    OLion, in fp32, Muon's update with RMS matching) is the like-for-like Muon. `olion_batched` stacks same-shape
-    matrices into one batched NS call (ns_batch=8) where `olion` loops (ns_batch=1).
-    """
-    torch.set_num_threads(threads)
-    model = timing_model()
-    bf16_on_cpu = not torch.cuda.is_available()
-    factories = {
+def step_factories() -> dict:
+    """Every optimizer of table (a). `olion` is the default (NS dtype measured, Gram form from aspect 2); the
+    `olion_*` rows pin one Newton–Schulz path each (`olion_fp32` is OLion's default before the measured choice)."""
+    return {
         "adamw": lambda ps: torch.optim.AdamW([p for _, p in ps], lr=1e-3, weight_decay=0.1),
-        "olion": lambda ps: OLion(ps, lr=1e-3, ns_batch=1),  # NS in fp32 on CPU (bf16 on CUDA)
+        "olion": lambda ps: OLion(ps, lr=1e-3, ns_batch=1),
+        "olion_fp32": lambda ps: OLion(ps, lr=1e-3, ns_batch=1, ns_dtype="float32", ns_form="standard"),
+        "olion_fp32_gram": lambda ps: OLion(ps, lr=1e-3, ns_batch=1, ns_dtype="float32", ns_form="auto"),
+        "olion_bf16": lambda ps: OLion(ps, lr=1e-3, ns_batch=1, ns_dtype="bfloat16", ns_form="standard"),
+        "olion_bf16_gram": lambda ps: OLion(ps, lr=1e-3, ns_batch=1, ns_dtype="bfloat16", ns_form="auto"),
         "olion_batched": lambda ps: OLion(ps, lr=1e-3, ns_batch=8),
         "ortho_momentum": lambda ps: OLion(ps, lr=1e-3, sign=False, ns_batch=1),
         "lion": lambda ps: lion([p for _, p in ps], lr=1e-4),
         "muon": lambda ps: MuonAdamW(ps, lr=1e-3),  # torch.optim.Muon itself: NS always in bf16
     }
+
+
+def step_times(steps: int, threads: int) -> dict[str, float]:
+    """Median optimizer.step() seconds on the timing set's parameters, every optimizer in the same run.
+
+    The steps are interleaved (one step of each optimizer per round), so load on the machine hits every row alike.
+    torch.optim.Muon always runs Newton–Schulz in bf16; where the measured choice says bf16 is slow (a CPU
+    without bf16 matrix units, ~30x slower) it and the bf16 rows get 2 rounds instead of `steps`.
+    """
+    torch.set_num_threads(threads)
+    model = timing_model()
+    named = list(model.named_parameters())
+    bf16_fast = fast_ns_dtype("cuda" if torch.cuda.is_available() else "cpu") == torch.bfloat16
+    opts = {name: make(named) for name, make in step_factories().items()}
+    times: dict[str, list[float]] = {name: [] for name in opts}
+    for rnd in range(steps + 1):  # round 0 warms up
+        for name, opt in opts.items():
+            if not bf16_fast and rnd > 2 and ("bf16" in name or name == "muon"):
+                continue
+            t = median_step(opt, 0, 1)
+            if rnd:
+                times[name].append(t)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def ns_paths() -> dict[str, dict]:
+    """For each NS path: (form, dtype) and its sign agreement with float64 NS5 on the timing set's first-step
+    directions (random gradients) and on low-rank + noise matrices of the same shapes (the hard case)."""
+    model = timing_model()
+    shapes = [tuple(p.shape) for n, p in model.named_parameters() if p.ndim == 2 and is_hidden_matrix(n, p)]
+    gen = torch.Generator().manual_seed(3)
+    sets = {"timing set": [p.grad for n, p in model.named_parameters() if tuple(p.shape) in shapes and p.ndim == 2
+                           and is_hidden_matrix(n, p)],
+            "low-rank + noise": [torch.randn(s[0], 8, generator=gen) @ torch.randn(8, s[1], generator=gen)
+                                 + 0.1 * torch.randn(*s, generator=gen) for s in shapes]}
+    default = fast_ns_dtype("cuda" if torch.cuda.is_available() else "cpu")
+    paths = {"olion (default)": ("auto", default), "olion_fp32": ("standard", torch.float32),
+             "olion_fp32_gram": ("auto", torch.float32), "olion_bf16": ("standard", torch.bfloat16),
+             "olion_bf16_gram": ("auto", torch.bfloat16)}
     out = {}
-    for name, make in factories.items():
-        opt = make(list(model.named_parameters()))
-        warm, n = (1, 2) if name == "muon" and bf16_on_cpu else (2, steps)
-        out[name] = median_step(opt, warm, n)
+    for name, (form, dtype) in paths.items():
+        row = {"form": form, "dtype": str(dtype).removeprefix("torch.")}
+        for label, mats in sets.items():
+            agree = [(torch.sign(orthogonalize(g, dtype=dtype, form=form).double())
+                      == torch.sign(newton_schulz5(g.double(), dtype=None))).double().mean().item() for g in mats]
+            row[label] = (statistics.fmean(agree), min(agree))
+        out[name] = row
     return out
 
 
@@ -156,14 +197,23 @@ def first_match(rows: list[dict], key: str, optimizer: str, target: float) -> di
     return min(hits, key=lambda r: r["lr"]) if hits else None
 
 
-def run_char_lm(optimizer: str, lr: float, steps: int, out: Path) -> dict:
+#: the NS paths of table (c'), as optimizer overrides (`olion` at its best lr is the default path)
+PATH_OVERRIDES = {
+    "olion_fp32": ("optimizer.ns_dtype=float32", "optimizer.ns_form=standard"),
+    "olion_fp32_gram": ("optimizer.ns_dtype=float32", "optimizer.ns_form=auto"),
+    "olion_bf16": ("optimizer.ns_dtype=bfloat16", "optimizer.ns_form=standard"),
+    "olion_bf16_gram": ("optimizer.ns_dtype=bfloat16", "optimizer.ns_form=auto"),
+}
+
+
+def run_char_lm(optimizer: str, lr: float, steps: int, out: Path, path: str | None = None) -> dict:
     """One fresh char_lm run (an old run dir is deleted first, so a table never mixes in stale results)."""
-    run_dir = out / f"{optimizer}_lr{lr:g}"
+    run_dir = out / f"{path or optimizer}_lr{lr:g}"
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [
         sys.executable, "-m", "framework.train", "recipe=olion_char_lm", f"optimizer={optimizer}",
         f"optimizer.lr={lr}", f"trainer.max_steps={steps}", "trainer.val_check_interval=50",
-        "threads=1", "validate_before_fit=false", f"hydra.run.dir={run_dir}",
+        "threads=1", "validate_before_fit=false", f"hydra.run.dir={run_dir}", *PATH_OVERRIDES.get(path, ()),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
@@ -262,6 +312,19 @@ def print_lr_ratio(workload: str, rows: list[dict], key: str, best: dict[str, di
     return ratio
 
 
+def path_quality(olion_best: dict, steps: int, out: Path, jobs: int) -> dict[str, float]:
+    """char_lm bpb of every NS path at the default OLion's best lr, against the fp32 standard path."""
+    lr = olion_best["lr"]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        runs = list(pool.map(lambda path: run_char_lm("olion", lr, steps, out, path), PATH_OVERRIDES))
+    bpb = {"olion (default)": olion_best["val_bpb"], **{p: r["val_bpb"] for p, r in zip(PATH_OVERRIDES, runs)}}
+    print(f"\n(c') char_lm bits/byte after {steps} steps of each NS path at the default OLion's best lr {lr:g}, "
+          "vs olion_fp32 (goal: within 0.01)")
+    for name, value in bpb.items():
+        print(f"{name:18s} {value:.3f}  {value - bpb['olion_fp32']:+.3f}")
+    return bpb
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=300, help="training steps per char_lm run")
@@ -279,18 +342,34 @@ def main() -> None:
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
 
     times = step_times(args.timing_steps, args.threads)
-    print(f"\n(a) optimizer step time, {TIMING_SET} parameters, median of {args.timing_steps} steps "
-          f"(muon on CPU: 2), {args.threads} thread(s), torch {torch.__version__}, {device}")
-    print(f"{'optimizer':16s} {'ms/step':>9s} {'× AdamW':>8s}")
-    labels = {"muon": "muon (torch.optim.Muon, bf16 NS)", "lion": "lion (lion-pytorch)"}
+    chosen = fast_ns_dtype("cuda" if torch.cuda.is_available() else "cpu")
+    ratio = measured_ratio(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    print(f"\n(a) optimizer step time, {TIMING_SET} parameters, median of {args.timing_steps} interleaved rounds, "
+          f"{args.threads} thread(s), torch {torch.__version__}, {device}")
+    print(f"OLion's default NS dtype here: {str(chosen).removeprefix('torch.')} (bf16 matmul took {ratio:.2f}x "
+          "fp32's in a re-measurement; bf16 is chosen at <= 0.75x)")
+    print(f"{'optimizer':34s} {'ms/step':>9s} {'× AdamW':>8s} {'× Muon':>7s}")
+    labels = {"muon": "muon (torch.optim.Muon, bf16 NS)", "lion": "lion (lion-pytorch)",
+              "olion": "olion (default)", "olion_fp32": "olion_fp32 (standard NS, fp32)",
+              "olion_fp32_gram": "olion_fp32_gram", "olion_bf16": "olion_bf16 (standard NS, bf16)",
+              "olion_bf16_gram": "olion_bf16_gram"}
     for name, t in times.items():
-        print(f"{labels.get(name, name):34s} {1e3 * t:9.1f} {t / times['adamw']:8.2f}")
+        print(f"{labels.get(name, name):34s} {1e3 * t:9.1f} {t / times['adamw']:8.2f} {t / times['muon']:7.3f}")
+    print(f"OLion (default) / torch.optim.Muon: {times['olion'] / times['muon']:.3f}  (goal ≤ 1.0 where bf16 is "
+          "native; ≤ 0.8, stretch 0.7)")
+    print(f"OLion (default) / olion_fp32: {times['olion'] / times['olion_fp32']:.3f}  (goal ≤ 1.0)")
     print(f"OLion / ortho_momentum (Muon's update, same NS code and dtype): "
           f"{times['olion'] / times['ortho_momentum']:.3f}  (goal ≤ 1.05)")
-    print(f"OLion / torch.optim.Muon: {times['olion'] / times['muon']:.3f}")
     print(f"(d) batched / loop Newton–Schulz (olion_batched / olion, {device}): "
           f"{times['olion_batched'] / times['olion']:.3f}")
-    report: dict = {"step_seconds": times, "threads": args.threads}
+    paths = ns_paths()
+    print("\nNS paths: sign agreement with float64 NS5 (mean over the matrices, min), goal ≥ 0.98")
+    print(f"{'path':18s} {'form':9s} {'dtype':9s} {'timing set':>16s} {'low-rank + noise':>18s}")
+    for name, row in paths.items():
+        cells = [f"{row[k][0]:.4f} ({row[k][1]:.4f})" for k in ("timing set", "low-rank + noise")]
+        print(f"{name:18s} {row['form']:9s} {row['dtype']:9s} {cells[0]:>16s} {cells[1]:>18s}")
+    report: dict = {"step_seconds": times, "threads": args.threads, "ns_dtype": str(chosen), "bf16_ratio": ratio,
+                    "ns_paths": paths}
 
     if not args.skip_ddp:
         ddp = ddp_step_times(args.timing_steps)
@@ -315,6 +394,8 @@ def main() -> None:
             print(f"OLion − AdamW at best lr: {best['olion']['val_bpb'] - best['adamw']['val_bpb']:+.3f} bpb "
                   "(goal ≤ 0)")
         ratio = print_lr_ratio("char_lm", rows, "val_bpb", best)
+        if "olion" in best:
+            report["paths_bpb"] = path_quality(best["olion"], args.steps, args.out, args.jobs)
         png = args.out / "optimizers_char_lm.png"
         plot_curves(best, png)
         print(f"curves: {png}")
