@@ -25,6 +25,11 @@ class LayerKVCache:
     `prefill="streaming"`: compressed heads see only sink + recent keys from the first token on (what the masked
     forward with gates 0 computes); `"full"`: the first call (the prompt) attends causally over everything,
     then the compressed heads are truncated (the Hugging Face evaluation path of RLKV).
+
+    Layout (as DuoAttention's): the heads are reordered once, full heads first, so each group is a contiguous slice
+    and gets one attention call. Full heads write into a static (batch, full heads, capacity, head_dim) buffer,
+    compressed heads into a static (batch, compressed heads, sink + recent, head_dim) ring; a one-token step writes
+    its keys/values in place and allocates no cache memory (the full buffer grows only past `capacity`).
     """
 
     def __init__(self, full: Tensor, heads: int, sink: int, recent: int, capacity: int | None = None,
@@ -39,43 +44,72 @@ class LayerKVCache:
         self.capacity, self.prefill = capacity, prefill
         self.full = full
         self.full_idx, self.stream_idx = full.nonzero().flatten(), (~full).nonzero().flatten()
-        offsets = torch.arange(self.group)
-        self.q_full = (self.full_idx[:, None] * self.group + offsets).flatten()
-        self.q_stream = (self.stream_idx[:, None] * self.group + offsets).flatten()
+        self.n_full, self.n_stream = self.full_idx.numel(), self.stream_idx.numel()
+        self.kv_order = torch.cat([self.full_idx, self.stream_idx])  # full heads first, then compressed ones
+        self.q_order = (self.kv_order[:, None] * self.group + torch.arange(self.group)).flatten()
+        self.q_restore = self.q_order.argsort()
+        self.permuted = not torch.equal(self.kv_order, torch.arange(kv_heads))
         self.length = 0
         self.k_full: Tensor | None = None  # (batch, full heads, capacity, head_dim)
         self.v_full: Tensor | None = None
         self.k_stream: Tensor | None = None  # (batch, compressed heads, sink + recent, head_dim)
         self.v_stream: Tensor | None = None
-        self.slot_pos = torch.full((sink + recent,), -1, dtype=torch.long)  # position held by each ring slot
+
+    @property
+    def slot_pos(self) -> Tensor:
+        """The position each ring slot holds (-1: empty), (sink + recent,). Slot p < sink holds position p; slot
+        sink + r the last position p >= sink with (p - sink) % recent == r: a function of `length` alone."""
+        last = self.length - 1
+        sink = torch.arange(self.sink)
+        recent = self.sink + torch.arange(self.recent)
+        recent = recent + self.recent * torch.div(last - recent, self.recent, rounding_mode="floor")
+        return torch.cat([sink.masked_fill(sink > last, -1), recent.masked_fill(recent < self.sink, -1)])
+
+    def _on(self, device: torch.device) -> None:
+        """Keep the head orders on the device of the keys (index_select needs them there)."""
+        if self.q_order.device != device:
+            self.kv_order, self.q_order, self.q_restore = (
+                x.to(device) for x in (self.kv_order, self.q_order, self.q_restore))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Store the new keys/values (batch, kv_heads, t, d) and return attention outputs (batch, heads, t, d)."""
-        start, t = self.length, q.shape[2]
-        out = q.new_empty(q.shape)
-        if self.full_idx.numel():
-            out[:, self.q_full] = self._attend_full(q[:, self.q_full], k[:, self.full_idx], v[:, self.full_idx])
-        if self.stream_idx.numel():
-            out[:, self.q_stream] = self._attend_stream(
-                q[:, self.q_stream], k[:, self.stream_idx], v[:, self.stream_idx]
-            )
-        self.length = start + t
-        return out
+        if self.permuted:  # one gather each puts the full heads first: both groups become slices
+            self._on(q.device)
+            q = q.index_select(1, self.q_order)
+            k, v = k.index_select(1, self.kv_order), v.index_select(1, self.kv_order)
+        nf, ns, nq = self.n_full, self.n_stream, self.n_full * self.group
+        if not ns:
+            out = self._attend_full(q, k, v)
+        elif not nf:
+            out = self._attend_stream(q, k, v)
+        else:
+            out = torch.cat([self._attend_full(q.narrow(1, 0, nq), k.narrow(1, 0, nf), v.narrow(1, 0, nf)),
+                             self._attend_stream(q.narrow(1, nq, ns * self.group), k.narrow(1, nf, ns),
+                                                 v.narrow(1, nf, ns))], dim=1)
+        self.length += q.shape[2]
+        return out.index_select(1, self.q_restore) if self.permuted else out
+
+    def _reserve_full(self, k: Tensor, end: int) -> None:
+        """Make the full heads' buffers hold `end` positions (`capacity` at once; doubling only past it)."""
+        if self.k_full is not None and end <= self.k_full.shape[2]:
+            return
+        size = max(end, self.capacity or 0, 2 * (0 if self.k_full is None else self.k_full.shape[2]))
+        k_new, v_new = (k.new_zeros(k.shape[0], k.shape[1], size, k.shape[3]) for _ in range(2))
+        if self.k_full is not None:
+            k_new[:, :, :self.length], v_new[:, :, :self.length] = (
+                x[:, :, :self.length] for x in (self.k_full, self.v_full))
+        self.k_full, self.v_full = k_new, v_new
 
     def _attend_full(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         start, t = self.length, q.shape[2]
         end = start + t
-        if self.k_full is None or end > self.k_full.shape[2]:
-            size = max(end, self.capacity or 0, 2 * (0 if self.k_full is None else self.k_full.shape[2]))
-            k_new, v_new = (k.new_zeros(k.shape[0], k.shape[1], size, k.shape[3]) for _ in range(2))
-            if self.k_full is not None:
-                k_new[:, :, :start], v_new[:, :, :start] = self.k_full[:, :, :start], self.v_full[:, :, :start]
-            self.k_full, self.v_full = k_new, v_new
-        self.k_full[:, :, start:end], self.v_full[:, :, start:end] = k, v
+        self._reserve_full(k, end)
+        self.k_full.narrow(2, start, t).copy_(k)
+        self.v_full.narrow(2, start, t).copy_(v)
         mask = None if t == 1 else torch.ones(t, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
         return F.scaled_dot_product_attention(
-            q, self.k_full[:, :, :end], self.v_full[:, :, :end], attn_mask=mask, enable_gqa=self.group > 1
-        )
+            q, self.k_full.narrow(2, 0, end), self.v_full.narrow(2, 0, end), attn_mask=mask,
+            enable_gqa=self.group > 1)
 
     def _slots(self, positions: Tensor) -> Tensor:
         return torch.where(positions < self.sink, positions, self.sink + (positions - self.sink) % self.recent)
@@ -85,29 +119,32 @@ class LayerKVCache:
         size = self.sink + self.recent
         if self.k_stream is None:
             self.k_stream, self.v_stream = (k.new_zeros(k.shape[0], k.shape[1], size, k.shape[3]) for _ in range(2))
-        gqa = self.group > 1
-        if t == 1:  # decoding: after the write, every held entry is within the sink or the recent window
+        if t == 1:  # decoding: after the in-place write, every held entry is within the sink or the recent window
             slot = start if start < self.sink else self.sink + (start - self.sink) % self.recent
-            self.k_stream[:, :, slot], self.v_stream[:, :, slot] = k[:, :, 0], v[:, :, 0]
-            self.slot_pos[slot] = start
-            held = min(start + 1, size)
-            return F.scaled_dot_product_attention(
-                q, self.k_stream[:, :, :held], self.v_stream[:, :, :held], enable_gqa=gqa
-            )
+            self.k_stream.narrow(2, slot, 1).copy_(k)
+            self.v_stream.narrow(2, slot, 1).copy_(v)
+            if start + 1 >= size:  # the ring is full: attend over all of it, no length to cut
+                return F.scaled_dot_product_attention(q, self.k_stream, self.v_stream, enable_gqa=self.group > 1)
+            return F.scaled_dot_product_attention(q, self.k_stream.narrow(2, 0, start + 1),
+                                                  self.v_stream.narrow(2, 0, start + 1), enable_gqa=self.group > 1)
+        return self._prefill_stream(q, k, v)
+
+    def _prefill_stream(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Several new positions at once (a prompt): attend with a position mask, then keep what the ring holds."""
+        start, t = self.length, q.shape[2]
         positions = torch.arange(start, start + t)
-        held = min(start, size)
+        held = min(start, self.sink + self.recent)
         keys = torch.cat([self.k_stream[:, :, :held], k], dim=2)
         values = torch.cat([self.v_stream[:, :, :held], v], dim=2)
         key_pos = torch.cat([self.slot_pos[:held], positions])
         mask = key_pos[None, :] <= positions[:, None]
         if not (self.prefill == "full" and start == 0):
             mask = mask & ((key_pos[None, :] < self.sink) | (positions[:, None] - key_pos[None, :] < self.recent))
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask.to(q.device), enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask.to(q.device), enable_gqa=self.group > 1)
         keep = (positions < self.sink) | (positions >= start + t - self.recent)
-        slots = self._slots(positions[keep])
-        self.k_stream.index_copy_(2, slots.to(k.device), k[:, :, keep.to(k.device)])
-        self.v_stream.index_copy_(2, slots.to(v.device), v[:, :, keep.to(v.device)])
-        self.slot_pos[slots] = positions[keep]
+        slots = self._slots(positions[keep]).to(k.device)
+        self.k_stream.index_copy_(2, slots, k[:, :, keep.to(k.device)])
+        self.v_stream.index_copy_(2, slots, v[:, :, keep.to(v.device)])
         return out
 
     def preload(self, k: Tensor, v: Tensor) -> None:
@@ -117,20 +154,20 @@ class LayerKVCache:
             raise ValueError(f"preload needs an empty cache; this one holds {self.length} positions")
         t = k.shape[2]
         self.k_full = self.v_full = self.k_stream = self.v_stream = None
-        if self.full_idx.numel():
-            size = max(t, self.capacity or 0)
-            shape = (k.shape[0], self.full_idx.numel(), size, k.shape[3])
-            self.k_full, self.v_full = k.new_zeros(shape), v.new_zeros(shape)
-            self.k_full[:, :, :t], self.v_full[:, :, :t] = k[:, self.full_idx], v[:, self.full_idx]
-        if self.stream_idx.numel():
+        if self.n_full:
+            full_idx = self.full_idx.to(k.device)
+            k_full, v_full = k[:, full_idx], v[:, full_idx]
+            self._reserve_full(k_full, t)
+            self.k_full[:, :, :t], self.v_full[:, :, :t] = k_full, v_full
+        if self.n_stream:
             positions = torch.arange(t)
             keep = (positions < self.sink) | (positions >= t - self.recent)
-            slots = self._slots(positions[keep])
-            shape = (k.shape[0], self.stream_idx.numel(), self.sink + self.recent, k.shape[3])
+            slots = self._slots(positions[keep]).to(k.device)
+            shape = (k.shape[0], self.n_stream, self.sink + self.recent, k.shape[3])
             self.k_stream, self.v_stream = k.new_zeros(shape), v.new_zeros(shape)
-            self.k_stream[:, :, slots] = k[:, self.stream_idx][:, :, keep]
-            self.v_stream[:, :, slots] = v[:, self.stream_idx][:, :, keep]
-            self.slot_pos[slots] = positions[keep]
+            stream_idx, keep = self.stream_idx.to(k.device), keep.to(k.device)
+            self.k_stream[:, :, slots] = k[:, stream_idx][:, :, keep]
+            self.v_stream[:, :, slots] = v[:, stream_idx][:, :, keep]
         self.length = t
 
     def entries(self) -> Tensor:
