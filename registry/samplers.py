@@ -6,6 +6,7 @@ ratio ρ = 0.5, full data for the last 1 − δ = 12.5% of epochs).
 
 from framework.registry import SAMPLERS
 from framework.samplers import (
+    AmortisedAgentPolicy,
     DataAgentPolicy,
     EpsGreedyPolicy,
     FullPolicy,
@@ -24,6 +25,8 @@ SAMPLERS.register(DataAgentPolicy, name="data_agent", ratio=0.5, delta=0.875, va
 SAMPLERS.register(DataAgentPolicy, name="data_agent_staleness", ratio=0.5, delta=0.875, variant="faithful",
                   staleness=0.5,
                   description="Data Agent + a staleness bonus (λ per unseen epoch) so stale samples are re-scored.")
+SAMPLERS.register(AmortisedAgentPolicy, name="data_agent_amortised", ratio=0.5, delta=0.875, staleness=0.5,
+                  description="Data Agent acting and learning once per epoch (one batched pass), + staleness.")
 SAMPLERS.register(EpsGreedyPolicy, name="eps_greedy", ratio=0.5, delta=0.875, eps=0.1,
                   description="Top (1-ε)·k by last loss plus ε·k uniform from the rest.")
 SAMPLERS.register(UCBPolicy, name="ucb", ratio=0.5, delta=0.875, c=1.0,

@@ -117,6 +117,7 @@ BAD: dict[tuple[str, str], tuple | None] = {
     ("sampler", "eps_greedy"): (list, {"eps": 2.0}, r"eps=2\.0 must lie in \[0, 1\]"),
     ("sampler", "ucb"): (list, {"c": -1.0}, r"c=-1\.0 must be >= 0"),
     ("sampler", "data_agent_staleness"): (list, {"staleness": -1.0}, r"staleness=-1\.0 must be a finite number"),
+    ("sampler", "data_agent_amortised"): (list, {"learn_every": 0}, r"learn_every=0 must be >= 1 epoch"),
     ("model", "mlp"): (list, {"input_shape": [64], "num_classes": 10, "depth": 0}, r"depth=0 and hidden=256 must"),
     ("model", "convnet"): (list, {"input_shape": [64], "num_classes": 10}, r"ConvNet needs image inputs .*\[64\]"),
     ("module", "classifier"): (lambda: [torch.nn.Linear(2, 2)], {"num_classes": 1}, r"num_classes=1 must be >= 2"),

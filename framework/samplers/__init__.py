@@ -1,8 +1,9 @@
 """Dynamic data selection: a score table, one DDP-correct `SelectionSampler`, and policies behind one interface
-(full, random, InfoBatch, Data Agent, ε-greedy, UCB). `framework.callbacks.selection.DataSelection` wires them
-into any Lightning fit."""
+(full, random, InfoBatch, Data Agent and its amortised variant, ε-greedy, UCB).
+`framework.callbacks.selection.DataSelection` wires them into any Lightning fit."""
 
 from framework.samplers.agent import DataAgentPolicy, PPOAgent, RewardNormalizer, composite_reward
+from framework.samplers.amortised import AmortisedAgentPolicy
 from framework.samplers.policies import (
     EpsGreedyPolicy,
     FullPolicy,
@@ -24,8 +25,8 @@ from framework.samplers.selection import (
 from framework.samplers.table import ScoreTable
 
 __all__ = [
-    "DataAgentPolicy", "EpsGreedyPolicy", "FullPolicy", "IndexedDataset", "InfoBatchPolicy", "PPOAgent",
-    "RandomPolicy", "RewardNormalizer", "ScoreTable", "SelectionPolicy", "SelectionSampler", "TopKPolicy",
+    "AmortisedAgentPolicy", "DataAgentPolicy", "EpsGreedyPolicy", "FullPolicy", "IndexedDataset", "InfoBatchPolicy",
+    "PPOAgent", "RandomPolicy", "RewardNormalizer", "ScoreTable", "SelectionPolicy", "SelectionSampler", "TopKPolicy",
     "UCBPolicy", "composite_reward", "epoch_sizes", "epochs_for_steps", "nominal_cost", "planned_batches",
     "pruned_epochs",
 ]

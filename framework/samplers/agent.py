@@ -82,14 +82,16 @@ class PPOAgent:
     def __init__(
         self, state_dim: int, seed: int = 0, lr_actor: float = 3e-4, lr_critic: float = 3e-4,
         eps_clip: float = 0.2, k_epochs: int = 4, gamma: float = 0.99, gae_lambda: float = 0.95,
-        centre: bool = False,
+        centre: bool = False, hidden: int = 128, fused: bool = False,
     ):
         g = torch.Generator().manual_seed(seed)
         self.state_dim = state_dim
-        self.actor, self.critic = BetaActor(state_dim, generator=g), Critic(state_dim, generator=g)
+        self.actor, self.critic = BetaActor(state_dim, hidden, g), Critic(state_dim, hidden, g)
         self.lr_actor, self.lr_critic = lr_actor, lr_critic
-        self.opt_actor = torch.optim.Adam(self.actor.parameters(), lr=lr_actor, eps=1e-5, weight_decay=5e-4)
-        self.opt_critic = torch.optim.Adam(self.critic.parameters(), lr=lr_critic, eps=1e-5, weight_decay=5e-4)
+        self.fused = fused
+        fast = {"fused": True} if fused else {}  # one kernel per step instead of a loop over the tensors
+        self.opt_actor = torch.optim.Adam(self.actor.parameters(), lr=lr_actor, eps=1e-5, weight_decay=5e-4, **fast)
+        self.opt_critic = torch.optim.Adam(self.critic.parameters(), lr=lr_critic, eps=1e-5, weight_decay=5e-4, **fast)
         self.eps_clip, self.k_epochs, self.gamma, self.gae_lambda = eps_clip, k_epochs, gamma, gae_lambda
         self.centre = centre
         self.rng_state = torch.Generator().manual_seed(seed + 7_919).get_state()
@@ -105,7 +107,7 @@ class PPOAgent:
         for opt in (self.opt_actor, self.opt_critic):
             for state in opt.state.values():
                 for k, v in state.items():
-                    if isinstance(v, Tensor) and k != "step":
+                    if isinstance(v, Tensor) and (k != "step" or self.fused):  # fused Adam keeps its step there
                         state[k] = v.to(device)
         return self
 
@@ -113,12 +115,16 @@ class PPOAgent:
     def act(self, states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Sample actions for `states` (B, d); returns (actions, log-probs, values), all (B,)."""
         dist = self.actor.dist(states)
+        a = self.sample(dist)
+        return a, dist.log_prob(a), self.critic(states)
+
+    def sample(self, dist: Beta) -> Tensor:
+        """Actions from `dist`, drawn on the CPU from the agent's private RNG (the global RNG is left as it was)."""
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(self.rng_state)
             a = Beta(dist.concentration1.cpu(), dist.concentration0.cpu(), validate_args=False).sample()
             self.rng_state = torch.get_rng_state()
-        a = a.clamp(1e-6, 1 - 1e-6).to(states.device)  # a sample of exactly 0 or 1 has log-prob ±inf
-        return a, dist.log_prob(a), self.critic(states)
+        return a.clamp(1e-6, 1 - 1e-6).to(dist.concentration1.device)  # exactly 0 or 1 has log-prob ±inf
 
     def store(self, states: Tensor, actions: Tensor, log_probs: Tensor, values: Tensor, rewards: Tensor) -> None:
         for k, v in zip(self.BUFFER, (states, actions, log_probs, values, rewards), strict=True):

@@ -1,6 +1,7 @@
 """Run by test_data_agent_ddp.py: a 2-process (gloo) Lightning fit with DataSelection; each rank saves what it
-saw. `python ddp_selection_run.py OUT_DIR SAMPLER` (a registered sampler name; Lightning's DDP launcher re-runs
-this file for rank 1)."""
+saw. `python ddp_selection_run.py OUT_DIR SAMPLER [DEVICES]` (a registered sampler name; Lightning's DDP launcher
+re-runs this file for rank 1). DEVICES (default 2) ranks of 32 / DEVICES samples per step: the same global batches
+on one rank and on two."""
 
 import sys
 from pathlib import Path
@@ -40,20 +41,22 @@ class Record(L.Callback):
         self.tables.append(self.selection.table.scores.clone())
 
 
-def main(out: Path, policy_name: str) -> None:
+def main(out: Path, policy_name: str, devices: int = 2) -> None:
     load_catalog()
-    agent = {"update_every": 2} if policy_name.startswith("data_agent") else {}
+    agent = {"update_every": 2} if policy_name in ("data_agent", "data_agent_staleness") else {}
     policy = SAMPLERS.build(policy_name, delta=0.67, **agent)  # the registered defaults (ρ = 0.5), shorter runs
     selection = DataSelection(policy, seed=0)
     record = Record(selection)
-    trainer = L.Trainer(max_epochs=3, accelerator="cpu", devices=2, strategy="ddp", logger=False,
+    trainer = L.Trainer(max_epochs=3, accelerator="cpu", devices=devices, strategy="ddp", logger=False,
                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
                         limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=out,
                         use_distributed_sampler=True,  # the callback must switch it off
                         callbacks=[selection, record])
     torch.manual_seed(0)
     module = Classifier(MLP(input_shape=[6], num_classes=3, hidden=8), num_classes=3)
-    trainer.fit(module, datamodule=Data())
+    data = Data()
+    data.batch_size = 32 // devices
+    trainer.fit(module, datamodule=data)
     agent = getattr(policy, "agent", None)
     torch.save({"seen": record.seen, "tables": record.tables, "selections": record.selections,
                 "agent": None if agent is None else [p.detach().clone() for p in agent.actor.parameters()],
@@ -62,4 +65,4 @@ def main(out: Path, policy_name: str) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2])
+    main(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 2)

@@ -2,8 +2,10 @@
 relative to full data), wall time, the selection callback's share of the fit, how much of each selection repeats
 the previous epoch's and how much of it is mislabelled; on sklearn digits (MLP), a synthetic 10-class problem with
 20% label noise (MLP), and digits upsampled to 16×16 through timm's `test_resnet` with 20% and 40% label noise.
-On the noisy synthetic set it also runs issue 18's ablation (each candidate change alone on the faithful agent).
-Plus the Data Agent's per-step work next to a timm ResNet-18 step.
+On the noisy synthetic set it also runs issue 18's ablation (each candidate change alone on the faithful agent), on
+the MLP workloads issue 27's (the steps from the per-step agent to `data_agent_amortised`, each on top of the one
+before), and a longer noisy workload (40% label noise, 40 epochs) where full data has time to memorise the noise.
+Plus the Data Agent's per-step work next to a timm ResNet-18 step, and the amortised variant's.
 
     python tools/bench/selection.py [--quick] [--seeds 5] [--policies ...] [--workloads ...] [--out DIR]
 
@@ -30,6 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from framework.samplers import (  # noqa: E402
+    AmortisedAgentPolicy,
     DataAgentPolicy,
     EpsGreedyPolicy,
     FullPolicy,
@@ -52,9 +55,20 @@ POLICIES = {
     # issue 18's other candidate changes, each alone on top of the faithful agent (the ablation)
     "data_agent_centred": functools.partial(DataAgentPolicy, ratio=0.5, centred=True),
     "data_agent_gumbel": functools.partial(DataAgentPolicy, ratio=0.5, temperature=1.0),
+    # issue 27's variant: the agent acts and learns once per epoch (framework/samplers/amortised.py), and the changes
+    # that led to it, each on top of the one before (the cost ablation, run on the MLP workloads)
+    "data_agent_amortised": functools.partial(AmortisedAgentPolicy, ratio=0.5),
+    "amortised_schedule": functools.partial(AmortisedAgentPolicy, ratio=0.5, update_size=None, hidden=128,
+                                            k_epochs=4, fused=False, learn_every=1),
+    "amortised_subsample": functools.partial(AmortisedAgentPolicy, ratio=0.5, update_size=256, hidden=128,
+                                             k_epochs=4, fused=False, learn_every=1),
+    "amortised_narrow": functools.partial(AmortisedAgentPolicy, ratio=0.5, update_size=256, hidden=32,
+                                          k_epochs=4, fused=False, learn_every=1),
+    "amortised_lean_update": functools.partial(AmortisedAgentPolicy, ratio=0.5, learn_every=1),
 }
-DEFAULT_POLICIES = ("full", "random", "infobatch", "data_agent", "data_agent_staleness")
+DEFAULT_POLICIES = ("full", "random", "infobatch", "data_agent", "data_agent_staleness", "data_agent_amortised")
 ABLATION = ("data_agent_centred", "data_agent_gumbel")  # run on the noisy workload only
+AMORTISED_ABLATION = ("amortised_schedule", "amortised_subsample", "amortised_narrow", "amortised_lean_update")
 QUICK_POLICIES = DEFAULT_POLICIES
 WORKLOADS = {  # data factory kwargs, epochs, lr, model
     "digits": (dict(kind="digits", batch_size=64), 30, 0.05, "mlp"),
@@ -64,6 +78,9 @@ WORKLOADS = {  # data factory kwargs, epochs, lr, model
     # points): their 1/ρ = 2 sample weights double the gradient, an effective lr of 0.1 (docs/data_agent.md)
     "digits_cnn_noise20": (dict(kind="upsampled", size=16, label_noise=0.2, batch_size=64), 15, 0.02, "test_resnet"),
     "digits_cnn_noise40": (dict(kind="upsampled", size=16, label_noise=0.4, batch_size=64), 15, 0.02, "test_resnet"),
+    # the longer budget where selection should matter: 40 epochs, time for full data to memorise the 40% noise
+    "digits_cnn_noise40_long": (dict(kind="upsampled", size=16, label_noise=0.4, batch_size=64), 40, 0.02,
+                                "test_resnet"),
 }
 
 
@@ -187,6 +204,23 @@ def _observe_seconds(feats: list, y: torch.Tensor, last: int, learn: bool = True
     return sum(took[-last:]) / last
 
 
+def _amortised_seconds(feats: list, y: torch.Tensor, steps_per_epoch: int, epochs: int = 4) -> float:
+    """Mean seconds per step of `data_agent_amortised` (buffering each step, then one scoring pass per epoch and one
+    PPO update every `learn_every` = 4 epochs) over `epochs` epochs of `steps_per_epoch` steps cycling `feats`."""
+    from framework.samplers import ScoreTable
+
+    batch = y.shape[0]
+    policy, table = AmortisedAgentPolicy(seed=0), ScoreTable(batch * steps_per_epoch)
+    start = time.perf_counter()
+    for epoch in range(epochs):
+        for i in range(steps_per_epoch):
+            f, logits = feats[i % len(feats)]
+            policy.observe({"index": torch.arange(batch) + batch * i, "features": f, "logits": logits, "targets": y},
+                           table, epoch)
+        policy.end_epoch(epoch, 100)
+    return (time.perf_counter() - start) / (epochs * steps_per_epoch)
+
+
 def agent_overhead(batch: int = 64, steps: int = 10) -> dict[str, float]:
     """Seconds per step of a timm ResNet-18 (32×32, 10 classes) SGD step vs the Data Agent's work for the same
     batch (act on the 512-d features, reward, PPO update every 10 steps amortised), one thread."""
@@ -197,7 +231,9 @@ def agent_overhead(batch: int = 64, steps: int = 10) -> dict[str, float]:
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
     times, feats = _sgd_steps(model, x, y, steps + 1)
     step, agent = statistics.median(times[1:]), _observe_seconds(feats * 2, y, 20)  # 20 steps incl. 2 PPO updates
-    return {"resnet18_step_s": step, "agent_step_s": agent, "ratio": agent / step}
+    amortised = _amortised_seconds(feats, y, steps_per_epoch=100)  # a short epoch (6400 samples) costs the most
+    return {"resnet18_step_s": step, "agent_step_s": agent, "ratio": agent / step, "amortised_step_s": amortised,
+            "amortised_ratio": amortised / step}
 
 
 def agent_vs_mlp(batch: int = 64, steps: int = 200) -> dict[str, float]:
@@ -211,7 +247,8 @@ def agent_vs_mlp(batch: int = 64, steps: int = 200) -> dict[str, float]:
     x, y = torch.randn(batch, 64), torch.randint(0, 10, (batch,))
     times, feats = _sgd_steps(model, x, y, steps)
     return {"mlp_step_s": statistics.median(times[10:]),  # 100 steps each: 10 PPO updates when learning
-            "act_s": _observe_seconds(feats, y, 100, learn=False), "act_learn_s": _observe_seconds(feats, y, 100)}
+            "act_s": _observe_seconds(feats, y, 100, learn=False), "act_learn_s": _observe_seconds(feats, y, 100),
+            "amortised_s": _amortised_seconds(feats, y, steps_per_epoch=10, epochs=8)}  # digits: 10 steps an epoch
 
 
 def summarise(rows: list[dict]) -> list[dict]:
@@ -252,12 +289,16 @@ def markdown(summary: list[dict], overhead: dict[str, float] | None, mlp: dict[s
     if overhead:
         lines += ["", f"Data Agent work per step next to a timm ResNet-18 SGD step (32×32, batch 64, 1 thread): "
                       f"{1e3 * overhead['agent_step_s']:.1f} ms vs {1e3 * overhead['resnet18_step_s']:.1f} ms "
-                      f"= **{100 * overhead['ratio']:.1f}%** of the step."]
+                      f"= **{100 * overhead['ratio']:.1f}%** of the step; `data_agent_amortised` (an epoch of 100 "
+                      f"steps, scored once, learning every 4th epoch) {1e3 * overhead['amortised_step_s']:.2f} ms per "
+                      f"step = **{100 * overhead['amortised_ratio']:.2f}%**."]
     if mlp:
         lines += ["", f"The agent next to the MLP workloads' model (64→256→256→10 SGD step in plain torch, batch 64, 1 "
                       f"thread): the step {1e3 * mlp['mlp_step_s']:.2f} ms; the agent acting alone "
                       f"{1e3 * mlp['act_s']:.2f} ms ({mlp['act_s'] / mlp['mlp_step_s']:.2f}× the step), acting and "
-                      f"learning {1e3 * mlp['act_learn_s']:.2f} ms ({mlp['act_learn_s'] / mlp['mlp_step_s']:.2f}×)."]
+                      f"learning {1e3 * mlp['act_learn_s']:.2f} ms ({mlp['act_learn_s'] / mlp['mlp_step_s']:.2f}×); "
+                      f"`data_agent_amortised` (epochs of 10 steps) {1e3 * mlp['amortised_s']:.2f} ms per step "
+                      f"({mlp['amortised_s'] / mlp['mlp_step_s']:.2f}×)."]
     return "\n".join(lines)
 
 
@@ -292,6 +333,9 @@ def main(quick: bool = False, seeds: int = 5, out: Path | None = None, workers: 
     jobs = [(w, p, s, epochs) for w in workloads for s in range(n_seeds) for p in policies]
     if not quick and "synth_noisy" in workloads and policies == DEFAULT_POLICIES:
         jobs += [("synth_noisy", p, s, None) for s in range(n_seeds) for p in ABLATION]
+    if not quick and policies == DEFAULT_POLICIES:  # the amortised variant's cost ablation, where the cost is
+        jobs += [(w, p, s, None) for w in ("digits", "synth_noisy") if w in workloads for s in range(n_seeds)
+                 for p in AMORTISED_ABLATION]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         rows = list(pool.map(_run, jobs))
     order = {name: i for i, name in enumerate([*WORKLOADS, *POLICIES])}

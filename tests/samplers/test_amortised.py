@@ -1,0 +1,161 @@
+"""The amortised Data Agent (`data_agent_amortised`, issue 27): one batched scoring pass and at most one PPO update per
+epoch, bitwise reproducible under a seed, independent of how steps and ranks group the samples; and no selection
+policy touches the global torch, NumPy or Python RNGs."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from framework.registry import SAMPLERS, load_catalog
+from framework.samplers import AmortisedAgentPolicy, ScoreTable, SelectionSampler
+from framework.samplers.amortised import epoch_batch
+
+N, DIM, CLASSES = 96, 8, 4
+
+
+def fields(index: torch.Tensor, epoch: int) -> dict[str, torch.Tensor]:
+    """What a model would report for samples `index` in `epoch`: a function of the sample and the epoch only."""
+    g = torch.Generator().manual_seed(0)
+    feats, y, w = torch.randn(N, DIM, generator=g), torch.randint(0, CLASSES, (N,), generator=g), torch.randn(DIM, 4,
+                                                                                                            generator=g)
+    logits = feats @ w + 0.3 * epoch * torch.nn.functional.one_hot(y, CLASSES)
+    losses = torch.nn.functional.cross_entropy(logits, y, reduction="none")
+    return {"index": index, "features": feats[index], "logits": logits[index], "targets": y[index],
+            "losses": losses[index]}
+
+
+def drive(policy, epochs: int = 6, batch: int = 16, world_size: int = 1, seed: int = 0, stop=None):
+    """Run `policy` through `epochs` epochs of selection as the DataSelection callback does: select, then observe
+    each (gathered) step, then end the epoch. Under `world_size` ranks a step's gathered batch is every rank's shard
+    slice, rank by rank. Returns the sampler (its table and policy) and each epoch's selection (unpadded)."""
+    table = ScoreTable(N, policy.initial_score)
+    sampler = SelectionSampler(table, policy, epochs, seed=seed, world_size=world_size)
+    selections = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        kept = policy.planned_count(N) if sampler.pruning else N
+        selections.append(sampler.selection[:kept].clone())
+        shards = [sampler.selection[r::world_size] for r in range(world_size)]
+        for start in range(0, shards[0].numel(), batch):
+            index = torch.cat([s[start : start + batch] for s in shards])
+            if set(policy.needs) - {"index"}:
+                policy.observe(fields(index, epoch), table, epoch)
+        policy.end_epoch(epoch, epochs)
+        if stop is not None and epoch == stop:
+            return sampler, selections
+    return sampler, selections
+
+
+def actor(policy) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in policy.agent.actor.parameters()]
+
+
+@pytest.mark.parametrize("name", ["full", "random", "infobatch", "data_agent", "data_agent_staleness",
+                                  "data_agent_amortised", "eps_greedy", "ucb"])
+def test_an_epoch_of_selection_leaves_the_global_torch_numpy_and_python_rngs_untouched(name):
+    load_catalog()
+    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    before = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    extra = {"update_every": 2} if name in ("data_agent", "data_agent_staleness") else {}
+    policy = SAMPLERS.build(name, seed=0, **extra) if "agent" in name else SAMPLERS.build(name)
+    drive(policy, epochs=4)  # selections, steps, PPO updates (the agents') and epoch ends
+    after = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    assert torch.equal(before[0], after[0])
+    assert before[1][0] == after[1][0] and np.array_equal(before[1][1], after[1][1]) and before[1][2:] == after[1][2:]
+    assert before[2] == after[2]
+
+
+def test_the_selection_is_the_same_on_one_rank_and_on_two_and_for_any_step_size():
+    one = drive(AmortisedAgentPolicy(seed=0, learn_every=1), batch=16)
+    two = drive(AmortisedAgentPolicy(seed=0, learn_every=1), batch=8, world_size=2)  # gathered 2 × 8 per step
+    odd = drive(AmortisedAgentPolicy(seed=0, learn_every=1), batch=7)
+    for other in (two, odd):
+        assert all(torch.equal(a, b) for a, b in zip(one[1], other[1], strict=True))
+        assert torch.equal(one[0].table.scores, other[0].table.scores)
+        assert all(torch.equal(a, b) for a, b in zip(actor(one[0].policy), actor(other[0].policy), strict=True))
+
+
+def test_the_epoch_batch_drops_padding_duplicates_and_orders_samples_by_index():
+    steps = [fields(torch.tensor([5, 1, 7]), 0), fields(torch.tensor([3, 5]), 0)]
+    batch = epoch_batch(steps)
+    assert batch["index"].tolist() == [1, 3, 5, 7]
+    assert torch.equal(batch["features"], fields(torch.tensor([1, 3, 5, 7]), 0)["features"])
+
+
+def test_a_step_only_buffers_its_fields_and_the_epoch_end_scores_every_trained_sample_in_one_pass():
+    policy = AmortisedAgentPolicy(seed=0, learn_every=2, update_size=16)
+    table = ScoreTable(N)
+    index = torch.arange(48)
+    for start in range(0, 48, 16):
+        assert policy.observe(fields(index[start : start + 16], 0), table, 0) == {}
+    assert policy.agent is None and torch.equal(table.scores, torch.ones(N))  # no agent work per step
+    rows: list[int] = []
+    policy.build(DIM).actor.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
+    assert "actor_loss" in policy.end_epoch(0, 10)  # epoch 0 learns (learn_every=2): one pass, K update passes
+    assert rows == [48] + [16] * policy.ppo["k_epochs"]
+    rows.clear()
+    policy.observe(fields(index, 1), table, 1)
+    assert "actor_loss" not in policy.end_epoch(1, 10) and rows == [48]  # epoch 1 acts only: one batched pass
+    policy.select(table, 2, torch.Generator().manual_seed(0))
+    assert (table.last_seen[:48] == 1).all() and (table.scores[:48] < 1).all()  # the pass's actions, in (0, 1)
+
+
+def test_the_agent_learns_and_its_scores_move_away_from_the_frozen_agents():
+    learned, frozen = AmortisedAgentPolicy(seed=0, learn_every=1), AmortisedAgentPolicy(seed=0, learn=False)
+    (s_learned, _), (s_frozen, _) = drive(learned), drive(frozen)
+    assert not all(torch.equal(a, b) for a, b in zip(actor(learned), actor(frozen), strict=True))
+    assert not torch.equal(s_learned.table.scores, s_frozen.table.scores)
+
+
+def test_nothing_is_scored_after_the_last_pruning_epoch():
+    policy = AmortisedAgentPolicy(seed=0, delta=0.5)
+    _, selections = drive(policy, epochs=4)
+    assert [s.numel() for s in selections] == [48, 48, 96, 96]
+    assert policy.pending is None and policy.agent_s > 0
+    calls = []
+    policy.agent.actor.register_forward_hook(lambda *a: calls.append(1))
+    policy.observe(fields(torch.arange(N), 3), ScoreTable(N), 3)
+    assert policy.end_epoch(3, 4) == {} and calls == [] and policy.steps == []
+
+
+def test_a_seed_reproduces_the_run_bitwise_and_another_seed_changes_it():
+    runs = [drive(AmortisedAgentPolicy(seed=s, learn_every=1), seed=s) for s in (0, 0, 1)]
+    (a, sel_a), (b, sel_b), (c, sel_c) = runs
+    assert all(torch.equal(x, y) for x, y in zip(sel_a, sel_b, strict=True))
+    assert torch.equal(a.table.scores, b.table.scores)
+    assert all(torch.equal(x, y) for x, y in zip(actor(a.policy), actor(b.policy), strict=True))
+    assert not all(torch.equal(x, y) for x, y in zip(sel_a, sel_c, strict=True))
+
+
+def test_state_round_trip_mid_epoch_continues_bitwise():
+    whole = drive(AmortisedAgentPolicy(seed=0, learn_every=1), epochs=6)
+    first, _ = drive(AmortisedAgentPolicy(seed=0, learn_every=1), epochs=6, stop=2)
+    first.set_epoch(3)
+    half = first.selection[:24]
+    first.policy.observe(fields(half, 3), first.table, 3)  # a checkpoint half-way through epoch 3
+    state = {"policy": first.policy.state_dict(), "table": first.table.state_dict(), "sampler": first.state_dict()}
+    policy = AmortisedAgentPolicy(seed=0, learn_every=1)
+    policy.load_state_dict(state["policy"])
+    table = ScoreTable(N)
+    table.load_state_dict(state["table"])
+    sampler = SelectionSampler(table, policy, 6, seed=0)
+    sampler.load_state_dict(state["sampler"])
+    policy.observe(fields(sampler.selection[24:48], 3), table, 3)
+    policy.end_epoch(3, 6)
+    for epoch in (4, 5):
+        sampler.set_epoch(epoch)
+        policy.observe(fields(sampler.selection, epoch), table, epoch)
+        policy.end_epoch(epoch, 6)
+    assert torch.equal(table.scores, whole[0].table.scores) and torch.equal(sampler.selection, whole[0].selection)
+    assert all(torch.equal(x, y) for x, y in zip(actor(policy), actor(whole[0].policy), strict=True))
+
+
+@pytest.mark.parametrize(("bad", "message"), [(dict(update_size=1), r"update_size=1 must be >= 2"),
+                                              (dict(learn_every=0), r"learn_every=0 must be >= 1"),
+                                              (dict(hidden=0), r"hidden=0 must be >= 1"),
+                                              (dict(staleness=-1.0), r"staleness=-1\.0 must be a finite number")])
+def test_bad_values_are_refused_naming_the_value(bad, message):
+    with pytest.raises(ValueError, match=message):
+        AmortisedAgentPolicy(**bad)
