@@ -28,12 +28,14 @@ def newton_schulz5(
     a, b, c = NS_COEFFICIENTS
     shape = G.shape
     X = G.to(dtype) if dtype is not None else G
+    own = X.data_ptr() != G.data_ptr()  # the cast made a copy
     if X.ndim > 3:
         X = X.reshape(-1, *shape[-2:])
     tall = shape[-2] > shape[-1]
     if tall:
         X = X.mT
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) + eps)
+    norm = X.norm(dim=(-2, -1), keepdim=True) + eps
+    X = X.div_(norm) if own else X / norm  # in place only on our own cast copy, never on the caller's G
     # addmm/baddbmm fuse a·X + B·X the same way torch.optim.Muon does, so the two agree bit for bit in bf16
     mm = torch.addmm if X.ndim == 2 else torch.baddbmm
     for _ in range(steps):

@@ -228,21 +228,25 @@ class OLion(torch.optim.Optimizer):
         return loss
 
     def _olion_step(self, hidden: list[tuple[Tensor, dict[str, Any]]]) -> None:
-        """Momentum on every rank, NS5 by each unit's owner (or by every rank), then every rank applies (§1.2)."""
+        """Momentum on every rank, NS5 by each unit's owner (or by every rank), then every rank applies (§1.2).
+
+        Without DTensors a unit's momentum direction is made just before its NS and dropped after it (and only its
+        momentum is updated where another rank owns it), so the directions never all live at once."""
         params = [p for p, _ in hidden]
         group_pg, rank, world = process_group(params)
-        dirs = [self._momentum_direction(p, g) for p, g in hidden]  # local shards for DTensors
         shapes = [torch.Size((p.shape[0], p.numel() // p.shape[0] if p.shape[0] else 0)) for p in params]  # 2-D
         ns_dtypes, keys, batch = [], [], []
-        for (_, g), c, shape in zip(hidden, dirs, shapes, strict=True):
-            ns_dtypes.append(group_ns_dtype(g, c.device, group_pg, world))
-            keys.append((shape, c.dtype, c.device, ns_dtypes[-1], g["ns_steps"], g["ns_form"], g["sign"]))
-            batch.append(g["ns_batch"] or (DEFAULT_NS_BATCH_CUDA if c.is_cuda else 1))
+        for (p, g), shape in zip(hidden, shapes, strict=True):
+            ns_dtypes.append(group_ns_dtype(g, p.grad.device, group_pg, world))
+            keys.append((shape, p.grad.dtype, p.grad.device, ns_dtypes[-1], g["ns_steps"], g["ns_form"], g["sign"]))
+            batch.append(g["ns_batch"] or (DEFAULT_NS_BATCH_CUDA if p.grad.is_cuda else 1))
         units = make_units(keys, batch)
         share = self.distributed == "round_robin" and world > 1
         costs = [sum(ns_cost(shapes[i], uses_gram(shapes[i], hidden[i][1]["ns_form"])) for i in u) for u in units]
         owners = assign_owners(costs, world) if share else None
+        dirs: list[Tensor | None] = [None] * len(hidden)
         if any(is_dtensor(p) for p in params):  # whole matrices, on their owner only (everywhere if redundant)
+            dirs = [self._momentum_direction(p, g) for p, g in hidden]  # local shards
             dst = None
             if owners is not None:
                 dst = [0] * len(params)
@@ -252,30 +256,47 @@ class OLion(torch.optim.Optimizer):
             dirs = gather_full(dirs, params, group_pg, world, dst)
         results: list[Tensor | None] = [None] * len(hidden)
         for k, unit in enumerate(units):
-            if owners is not None and owners[k] != rank:
-                continue
-            g = hidden[unit[0]][1]
-            mats = [dirs[i].reshape(shapes[i]) for i in unit]
-            x = mats[0] if len(unit) == 1 else torch.stack(mats)
-            q = orthogonalize(x, steps=g["ns_steps"], dtype=ns_dtypes[unit[0]], form=g["ns_form"])
-            q = torch.sign(q) if g["sign"] else q  # sign() is exact in any dtype
-            for j, i in enumerate(unit):
-                results[i] = q if len(unit) == 1 else q[j]
+            mine = owners is None or owners[k] == rank
+            for i in unit:
+                if dirs[i] is None and not is_dtensor(params[i]):
+                    dirs[i] = self._momentum_direction(*hidden[i], need=mine)
+            if mine:
+                self._orthogonalize_unit(unit, hidden, dirs, shapes, ns_dtypes[unit[0]], results)
+            for i in unit:
+                dirs[i] = None
+                if owners is None:  # nothing to wait for: apply now and let the update go
+                    self._apply(*hidden[i], results[i], rank, world)  # type: ignore[arg-type]
+                    results[i] = None
         if owners is not None:
             wire = [torch.int8 if g["sign"] else d for (_, g), d in zip(hidden, ns_dtypes, strict=True)]
-            broadcast_results(units, owners, results, shapes, wire, dirs[0].device, group_pg, rank, world)
-        for (p, g), q in zip(hidden, results, strict=True):
-            self._apply(p, g, q, rank, world)  # type: ignore[arg-type]
+            broadcast_results(units, owners, results, shapes, wire, params[0].grad.device, group_pg, rank, world)
+            for (p, g), q in zip(hidden, results, strict=True):
+                self._apply(p, g, q, rank, world)  # type: ignore[arg-type]
 
-    def _momentum_direction(self, p: Tensor, group: dict[str, Any]) -> Tensor:
-        """Update the EMA m and return c, the Nesterov mix of g and m (this rank's shard for a DTensor)."""
+    @staticmethod
+    def _orthogonalize_unit(unit: list[int], hidden: list, dirs: list, shapes: list, dtype: torch.dtype,
+                            results: list) -> None:
+        """(signed) NS5 of one unit's directions (one batched call for several), into `results`."""
+        g = hidden[unit[0]][1]
+        mats = [dirs[i].reshape(shapes[i]) for i in unit]
+        x = mats[0] if len(unit) == 1 else torch.stack(mats)
+        q = orthogonalize(x, steps=g["ns_steps"], dtype=dtype, form=g["ns_form"])
+        q = torch.sign(q) if g["sign"] else q  # sign() is exact in any dtype
+        for j, i in enumerate(unit):
+            results[i] = q if len(unit) == 1 else q[j]
+
+    def _momentum_direction(self, p: Tensor, group: dict[str, Any], need: bool = True) -> Tensor | None:
+        """Update the EMA m and return c, the Nesterov mix of g and m (this rank's shard for a DTensor); with
+        `need=False` (another rank orthogonalises this matrix) only update m."""
         g, state = p.grad, self.state[p]
         if not state:
             state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         m = state["momentum_buffer"]
         b1, b2 = group["betas"]
-        c = g.lerp(m, b1) if group["nesterov"] and group["pre_update_momentum"] else None
+        c = g.lerp(m, b1) if need and group["nesterov"] and group["pre_update_momentum"] else None
         m.lerp_(g, 1 - b2)
+        if not need:
+            return None
         if c is None:
             c = g.lerp(m, b1) if group["nesterov"] else m
         return c.to_local() if is_dtensor(c) else c
@@ -285,16 +306,20 @@ class OLion(torch.optim.Optimizer):
         """W ← W(1−ηλ) − η·scale·q, q the (signed) NS5 output of the full matrix; a DTensor keeps its shard."""
         d_out, d_in = q.shape
         # scaling happens in ≥fp32 so entries are 0.2·lr to fp32 precision
-        u = q.to(torch.promote_types(p.dtype, torch.float32))
+        dtype = torch.promote_types(p.dtype, torch.float32)
+        fused = group["sign"] and group["use_scale"] and q.is_floating_point() and not is_dtensor(p)
+        u = q if fused else q.to(dtype)
         scale: Tensor | float = 1.0
         if group["use_scale"]:
-            scale = math.sqrt(min(d_out, d_in)) / (u.norm() + group["eps"])
+            scale = math.sqrt(min(d_out, d_in)) / (torch.linalg.vector_norm(u, dtype=dtype) + group["eps"])
         if group["rms_scale"]:
             scale = scale * (0.2 * math.sqrt(max(d_out, d_in)))
-        u = u * scale
         local = p.to_local() if is_dtensor(p) else p
         local.mul_(1 - group["lr"] * group["weight_decay"])
-        local.add_(shard_of(u.reshape(p.shape), p, rank, world), alpha=-group["lr"])
+        if fused:  # q·scale is exact for q in {−1, 0, 1}: one pass, bit for bit the unfused update (tested)
+            local.addcmul_(q.reshape(p.shape), scale, value=-group["lr"])
+            return
+        local.add_(shard_of((u * scale).reshape(p.shape), p, rank, world), alpha=-group["lr"])
 
     def _adamw_update(self, p: Tensor, group: dict[str, Any]) -> None:
         """Bias-corrected AdamW with decoupled decay (≥2-D params only) at the group's AdamW lr."""

@@ -168,3 +168,17 @@ def test_every_rank_runs_rank_zeros_choice():
         mp.start_processes(_rank_worker, args=(str(Path(tmp) / "init"), out), nprocs=2, join=True,
                            start_method="fork")
         assert [Path(f"{out}.{r}").read_text() for r in range(2)] == ["float32", "float32"]
+
+
+@pytest.mark.parametrize("ns_dtype", [torch.bfloat16, torch.float32])
+def test_the_fused_sign_update_is_bit_for_bit_the_scaled_fp32_one(ns_dtype):
+    gen = torch.Generator().manual_seed(4)
+    w = nn.Parameter(torch.randn(96, 384, generator=gen))
+    w.grad = torch.randn(96, 384, generator=gen)
+    before = w.detach().clone()
+    OLion([("w", w)], lr=0.02, ns_dtype=ns_dtype).step()
+    c = w.grad.lerp(torch.zeros_like(w).lerp_(w.grad, 1 - 0.98), 0.95)  # the first step's direction
+    u = torch.sign(orthogonalize(c, dtype=ns_dtype, form="auto")).float()  # the unfused update, written out
+    scale = 96**0.5 / (u.norm() + 1e-8) * (0.2 * 384**0.5)
+    expected = before.mul_(1 - 0.02 * 0.1).add_(u * scale, alpha=-0.02)
+    assert torch.equal(w.detach(), expected)
