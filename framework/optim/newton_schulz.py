@@ -12,14 +12,40 @@ from torch import Tensor
 NS_COEFFICIENTS: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
 
 
+class Workspace:
+    """Buffers kept by (tag, shape, dtype) and handed out again on every later call: with one, an NS call writes
+    every product into a buffer it had before instead of fresh memory (on CPU fresh memory is faulted in page by
+    page: measured up to ~10% of OLion's step). A buffer's contents last until the next call that uses its tag."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, Tensor] = {}
+
+    def __call__(self, tag: str, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> Tensor:
+        key = (tag, tuple(shape), dtype)
+        if key not in self._buffers:
+            self._buffers[key] = torch.empty(shape, dtype=dtype)
+        return self._buffers[key]
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+
+def _out(ws: Workspace | None, tag: str, like: Tensor, rows: int, cols: int) -> Tensor | None:
+    """`ws`'s buffer for a (…, rows, cols) product of `like`'s batch dims and dtype (None without a workspace)."""
+    return None if ws is None else ws(tag, (*like.shape[:-2], rows, cols), like.dtype)
+
+
 def newton_schulz5(
-    G: Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype | None = torch.bfloat16
+    G: Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype | None = torch.bfloat16, scratch: bool = False,
+    ws: Workspace | None = None,
 ) -> Tensor:
     """Approximate the orthogonal polar factor of G (shape (..., m, n)) with `steps` quintic NS iterations.
 
     G is cast to `dtype` (None keeps G's dtype), divided by its Frobenius norm + eps (so the spectral norm
     is ≤ 1) and iterated on the wide orientation. Leading dims are a batch. The result stays in the compute
-    dtype: callers cast it themselves (OLion takes the sign first, which is exact in any dtype).
+    dtype: callers cast it themselves (OLion takes the sign first, which is exact in any dtype). `scratch=True`
+    lets it divide G in place when G is already in `dtype` (the caller's own buffer). With `ws` every product
+    goes into a workspace buffer, the result too: use it before the next call with the same workspace.
     """
     if G.ndim < 2:
         raise ValueError(f"newton_schulz5 needs a matrix (ndim >= 2), got shape {tuple(G.shape)}")
@@ -28,7 +54,7 @@ def newton_schulz5(
     a, b, c = NS_COEFFICIENTS
     shape = G.shape
     X = G.to(dtype) if dtype is not None else G
-    own = X.data_ptr() != G.data_ptr()  # the cast made a copy
+    own = scratch or X.data_ptr() != G.data_ptr()  # the cast made a copy, or G is the caller's scratch
     if X.ndim > 3:
         X = X.reshape(-1, *shape[-2:])
     tall = shape[-2] > shape[-1]
@@ -38,10 +64,11 @@ def newton_schulz5(
     X = X.div_(norm) if own else X / norm  # in place only on our own cast copy, never on the caller's G
     # addmm/baddbmm fuse a·X + B·X the same way torch.optim.Muon does, so the two agree bit for bit in bf16
     mm = torch.addmm if X.ndim == 2 else torch.baddbmm
-    for _ in range(steps):
-        A = X @ X.mT
-        B = mm(A, A, A, beta=b, alpha=c)
-        X = mm(X, B, X, beta=a)
+    s, n = X.shape[-2:]
+    for k in range(steps):
+        A = torch.matmul(X, X.mT, out=_out(ws, "A", X, s, s))
+        B = mm(A, A, A, beta=b, alpha=c, out=_out(ws, "B", X, s, s))
+        X = mm(X, B, X, beta=a, out=_out(ws, f"X{k % 2}", X, s, n))  # two buffers: an output never aliases X
     if tall:
         X = X.mT
     return X.reshape(shape)
@@ -66,24 +93,25 @@ def uses_gram(shape: tuple[int, ...] | torch.Size, form: str) -> bool:
     return form == "gram" or (form == "auto" and n >= GRAM_MIN_ASPECT * m)
 
 
-def _gram_poly(A: Tensor) -> Tensor:
+def _gram_poly(A: Tensor, out: Tensor | None = None) -> Tensor:
     """Q = a·I + b·A + c·A², the quintic NS step X ← Q·X written on A = X·Xᵀ."""
     a, b, c = NS_COEFFICIENTS
-    Q = (torch.addmm if A.ndim == 2 else torch.baddbmm)(A, A, A, beta=b, alpha=c)
+    Q = (torch.addmm if A.ndim == 2 else torch.baddbmm)(A, A, A, beta=b, alpha=c, out=out)
     Q.diagonal(dim1=-2, dim2=-1).add_(a)
     return Q
 
 
 def gram_newton_schulz5(
     G: Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype | None = torch.bfloat16,
-    restart: int | None = None,
+    restart: int | None = None, scratch: bool = False, ws: Workspace | None = None,
 ) -> Tensor:
     """NS5 of G (shape (..., m, n)) iterated on the short side's Gram matrix A = X·Xᵀ (m×m, m the short side).
 
     Each step X ← Q(A)·X (Q = a + b·A + c·A²) is a polynomial in A, so the iterates are P·X₀ with P the product
     of the Q's, and A ← Q·A·Q: the long side n is touched twice (A₀ and P·X₀) instead of twice per step. Same
-    map as `newton_schulz5` in exact arithmetic. The norm is taken in ≥fp32. `restart` (None: one before
+    map as `newton_schulz5` in exact arithmetic. The norm is taken on G as given. `restart` (None: one before
     iteration `GRAM_RESTART_16BIT` in 16-bit dtypes, never in fp32/fp64) rebuilds X = P·X₀ and A from it.
+    `scratch=True`: G may be divided in place when it is already in `dtype`; `ws`: as in `newton_schulz5`.
     """
     if G.ndim < 2:
         raise ValueError(f"gram_newton_schulz5 needs a matrix (ndim >= 2), got shape {tuple(G.shape)}")
@@ -94,28 +122,57 @@ def gram_newton_schulz5(
         restart = GRAM_RESTART_16BIT
     shape = G.shape
     X = G.reshape(-1, *shape[-2:]) if G.ndim > 3 else G
+    # the norm from X as given (≥fp32 there), then X cast and divided in place: no ≥fp32 copy of X, and no op
+    # mixing dtypes on the long matrix (torch casts its operands through copies for those)
+    norm = (X.norm(dim=(-2, -1), keepdim=True) + eps).to(dtype)
+    own = scratch or X.dtype != dtype  # the cast copies (or G is scratch), so X can be divided in place
+    X = X.to(dtype)
+    X = X.div_(norm) if own else X / norm
+    # the long matrix is never transposed (elementwise passes and products on a transposed view copy it): a tall
+    # X is used as it lies, with A = XᵀX and X·Pᵀ in place of P·X (the same numbers as on the wide orientation)
     tall = shape[-2] > shape[-1]
-    X = X.mT if tall else X
-    X = X.to(torch.promote_types(X.dtype, torch.float32))
-    X = (X / (X.norm(dim=(-2, -1), keepdim=True) + eps)).to(dtype)
-    A, P = X @ X.mT, None
+    r, n = X.shape[-2:]
+    s = min(r, n)
+
+    def gram(Y: Tensor) -> Tensor:
+        return torch.matmul(*((Y.mT, Y) if tall else (Y, Y.mT)), out=_out(ws, "A", Y, s, s))
+
+    def times(P: Tensor, Y: Tensor, tag: str) -> Tensor:
+        return torch.matmul(*((Y, P.mT) if tall else (P, Y)), out=_out(ws, tag, Y, r, n))
+
+    A, P, products = gram(X), None, 0
     for k in range(steps):
         if k == restart and P is not None:
-            X, P = P @ X, None
-            A = X @ X.mT
-        Q = _gram_poly(A)
+            X, P = times(P, X, "X1"), None
+            A = gram(X)
+        Q = _gram_poly(A, _out(ws, f"Q{k % 2}", A, s, s))  # two Q buffers: P may still be the previous Q
         if k + 1 < steps and k + 1 != restart:  # the next A is needed
-            A = Q @ (A @ Q)
-        P = Q if P is None else Q @ P
-    X = P @ X
-    X = X.mT if tall else X
-    return X.reshape(shape)
+            A = torch.matmul(Q, torch.matmul(A, Q, out=_out(ws, "T", A, s, s)), out=A if ws else None)
+        if P is None:
+            P = Q
+        else:
+            P, products = torch.matmul(Q, P, out=_out(ws, f"P{products % 2}", A, s, s)), products + 1
+    return times(P, X, "out").reshape(shape)
 
 
 def orthogonalize(
-    G: Tensor, steps: int = 5, dtype: torch.dtype | None = torch.bfloat16, form: str = "auto"
+    G: Tensor, steps: int = 5, dtype: torch.dtype | None = torch.bfloat16, form: str = "auto",
+    scratch: bool = False, ws: Workspace | None = None,
 ) -> Tensor:
-    """NS5 of G in the standard or the Gram form, as `form` and G's shape decide (`uses_gram`)."""
+    """NS5 of G in the standard or the Gram form, as `form` and G's shape decide (`uses_gram`); `scratch=True`:
+    G is the caller's buffer and may be overwritten; `ws`: a `Workspace` for every product (the result too)."""
     if uses_gram(G.shape, form):
-        return gram_newton_schulz5(G, steps=steps, dtype=dtype)
-    return newton_schulz5(G, steps=steps, dtype=dtype)
+        return gram_newton_schulz5(G, steps=steps, dtype=dtype, scratch=scratch, ws=ws)
+    return newton_schulz5(G, steps=steps, dtype=dtype, scratch=scratch, ws=ws)
+
+
+def sign_norm(q: Tensor) -> Tensor:
+    """‖q‖_F in fp32 for q with entries in {−1, 0, 1} (any float dtype): the same number as
+    `vector_norm(q, dtype=torch.float32)`, without that call's fp32 copy of q. |q| is summed over 256 rows in q's
+    own dtype (every partial count is an integer ≤ 256, exact even in bf16), those column counts in fp32."""
+    flat = q.reshape(-1) if q.is_contiguous() else q.mT.reshape(-1)  # a transposed view flattens without a copy
+    n = flat.numel() // 256 * 256
+    count = flat[:n].view(256, -1).abs().sum(0).sum(dtype=torch.float32)
+    if n < flat.numel():
+        count = count + flat[n:].abs().float().sum()  # < 256 entries
+    return count.sqrt()

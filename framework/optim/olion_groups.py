@@ -1,4 +1,5 @@
-"""OLion's parameter groups: per-parameter routing inside the user's groups, input checks, the earlier layout.
+"""OLion's parameter groups: per-parameter routing inside the user's groups, input checks, the AdamW branch and
+the earlier layout.
 
 Spec: shared/specs/olion_growth.md §1.5 (routing). `OLion.param_groups` holds exactly the groups the user passed;
 each has `orthogonal`, one bool per parameter (True: the orthogonal branch, False: the AdamW branch). Earlier
@@ -8,6 +9,7 @@ versions split every user group into up to three internal groups (hidden / decay
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import Any
@@ -43,6 +45,27 @@ def adamw_lr(group: dict[str, Any]) -> Any:
     if group["adamw_lr"] is None:
         return lr
     return group["adamw_lr"] * (lr / base) if base else group["adamw_lr"]
+
+
+def adamw_update(p: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
+    """OLion's AdamW branch: bias-corrected AdamW with decoupled decay (≥2-D params only) at the group's AdamW
+    lr, on `state` (the optimizer's state for p)."""
+    lr = adamw_lr(group)
+    wd = group["weight_decay"] if group["adamw_weight_decay"] is None else group["adamw_weight_decay"]
+    wd = wd if p.ndim >= 2 else 0.0
+    g = p.grad
+    if not state:
+        state["step"] = 0
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    state["step"] += 1
+    b1, b2 = group["adamw_betas"]
+    m, v, t = state["exp_avg"], state["exp_avg_sq"], state["step"]
+    m.lerp_(g, 1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    denom = (v.sqrt() / math.sqrt(1 - b2**t)).add_(group["adamw_eps"])
+    p.mul_(1 - lr * wd)
+    p.addcdiv_(m, denom, value=-lr / (1 - b1**t))
 
 
 def check_tensor_lr(options: dict[str, Any]) -> None:

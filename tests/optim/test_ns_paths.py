@@ -1,4 +1,5 @@
-"""OLion's Newton–Schulz paths: the measured dtype choice (forced each way), the Gram form against float64 NS5."""
+"""OLion's Newton–Schulz paths: the measured dtype choice (forced each way), the Gram form against float64 NS5,
+the CPU workspace (bit for bit the same numbers) and the exact norm of a sign matrix."""
 
 from __future__ import annotations
 
@@ -15,7 +16,14 @@ from torch import nn
 import framework.optim.olion as olion_module
 from framework.optim import OLion
 from framework.optim import ns_dtype as nsd
-from framework.optim.newton_schulz import gram_newton_schulz5, newton_schulz5, orthogonalize, uses_gram
+from framework.optim.newton_schulz import (
+    Workspace,
+    gram_newton_schulz5,
+    newton_schulz5,
+    orthogonalize,
+    sign_norm,
+    uses_gram,
+)
 
 torch.set_num_threads(1)
 
@@ -182,3 +190,47 @@ def test_the_fused_sign_update_is_bit_for_bit_the_scaled_fp32_one(ns_dtype):
     scale = 96**0.5 / (u.norm() + 1e-8) * (0.2 * 384**0.5)
     expected = before.mul_(1 - 0.02 * 0.1).add_(u * scale, alpha=-0.02)
     assert torch.equal(w.detach(), expected)
+
+
+@pytest.mark.parametrize("form", ["standard", "gram"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_ns_in_a_workspace_is_bit_for_bit_ns_without_one(form, dtype):
+    gen = torch.Generator().manual_seed(5)
+    ws = Workspace()
+    shapes = [(96, 384), (384, 96), (64, 64), (3, 40, 20), (3, 20, 40), (2, 2, 30, 8)]
+    for rnd in range(2):  # the second round reuses every buffer the first one made
+        for shape in shapes:
+            G = torch.randn(*shape, generator=gen)
+            expected = orthogonalize(G, dtype=dtype, form=form)
+            assert torch.equal(orthogonalize(G, dtype=dtype, form=form, ws=ws), expected)
+            scratch = G.to(dtype, copy=True)  # the caller's own buffer, divided in place
+            assert torch.equal(orthogonalize(scratch, dtype=dtype, form=form, ws=ws, scratch=True),
+                               orthogonalize(G.to(dtype), dtype=dtype, form=form))
+        if rnd == 0:
+            made = len(ws)
+    assert len(ws) == made  # nothing new after the first round
+
+
+def test_olion_on_cpu_makes_its_buffers_once_and_reuses_them():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 96), nn.GELU(), nn.Linear(96, 96), nn.GELU(), nn.Linear(96, 32))
+    opt = OLion(model.named_parameters(), lr=0.01, ns_dtype=torch.bfloat16)
+    sizes = []
+    for _ in range(3):
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        opt.step()
+        sizes.append(len(opt._workspace))
+    assert sizes[0] > 0 and sizes == [sizes[0]] * 3
+    assert torch.isfinite(torch.cat([p.detach().flatten() for p in model.parameters()])).all()
+
+
+@pytest.mark.parametrize("shape", [(96, 384), (7, 13), (1536, 384), (3, 5), (2, 48, 64)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_sign_norm_is_vector_norm_of_the_signs(shape, dtype):
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(*shape, generator=gen).sign()
+    q[..., 0, :] = 0  # zero rows (a zero gradient row) must not count
+    q = q.to(dtype)
+    for view in (q, q.mT):
+        assert torch.equal(sign_norm(view), torch.linalg.vector_norm(view.float()))

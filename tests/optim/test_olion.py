@@ -137,14 +137,15 @@ def test_scale_flags_set_the_entry_magnitude_from_min_and_max_dims(use_scale, rm
 
 def test_momentum_bookkeeping_over_two_steps(monkeypatch):
     seen = []
-    monkeypatch.setattr(olion_module, "orthogonalize", lambda c, **kw: seen.append(c.clone()) or c)
+    # NS stand-in: records c and, like NS, returns a new tensor
+    monkeypatch.setattr(olion_module, "orthogonalize", lambda c, **kw: seen.append(c.clone()) or c.clone())
     gen = torch.Generator().manual_seed(2)
     g1, g2 = (
         torch.randn(8, 6, generator=gen, dtype=torch.float64),
         torch.randn(8, 6, generator=gen, dtype=torch.float64),
     )
     w = nn.Parameter(torch.zeros(8, 6, dtype=torch.float64))
-    opt = OLion([("w", w)])
+    opt = OLion([("w", w)], ns_dtype=torch.float64)  # c reaches NS in NS's dtype: float64 keeps it exact here
     w.grad = g1
     opt.step()
     m = opt.state[w]["momentum_buffer"]
@@ -160,14 +161,15 @@ def test_momentum_bookkeeping_over_two_steps(monkeypatch):
 )
 def test_lion_order_uses_the_old_momentum_and_no_nesterov_uses_m(monkeypatch, flags, c2):
     seen = []
-    monkeypatch.setattr(olion_module, "orthogonalize", lambda c, **kw: seen.append(c.clone()) or c)
+    # NS stand-in: records c and, like NS, returns a new tensor
+    monkeypatch.setattr(olion_module, "orthogonalize", lambda c, **kw: seen.append(c.clone()) or c.clone())
     gen = torch.Generator().manual_seed(3)
     g1, g2 = (
         torch.randn(5, 7, generator=gen, dtype=torch.float64),
         torch.randn(5, 7, generator=gen, dtype=torch.float64),
     )
     w = nn.Parameter(torch.zeros(5, 7, dtype=torch.float64))
-    opt = OLion([("w", w)], **flags)
+    opt = OLion([("w", w)], ns_dtype=torch.float64, **flags)
     for g in (g1, g2):
         w.grad = g
         opt.step()

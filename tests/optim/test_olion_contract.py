@@ -320,7 +320,8 @@ def pre_change_run(model: Net, steps: int, opts: dict[str, Any]) -> dict[str, di
 PINNED = {"ns_dtype": torch.float32, "ns_form": "standard"}
 BITWISE_CASES = {
     "defaults": (torch.float32, {"lr": 1e-2, **PINNED}),
-    "flags": (torch.float32, {"lr": 1e-2, **PINNED, "sign": False, "nesterov": False, "use_scale": False, "adamw_lr": 3e-3}),
+    "flags": (torch.float32, {"lr": 1e-2, **PINNED, "sign": False, "nesterov": False, "use_scale": False,
+                              "adamw_lr": 3e-3}),
     "lion_order": (torch.float32, {"lr": 1e-2, **PINNED, "pre_update_momentum": True, "adamw_weight_decay": 0.02,
                                    "adamw_betas": (0.8, 0.9)}),
     "float64": (torch.float64, {"lr": 1e-2, "ns_dtype": torch.float64, "ns_form": "standard", "weight_decay": 0.3}),

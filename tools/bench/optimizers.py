@@ -2,10 +2,11 @@
 
 (a) optimizer step time on the parameter set of a 6-layer, d=384 transformer (median of N interleaved rounds), as
     ratios to AdamW and to torch.optim.Muon, for OLion's default and each Newton–Schulz path pinned (dtype fp32 /
-    bf16, standard / Gram form), with each path's sign agreement with float64 NS5; (b) OLion's step time under DDP on 2 gloo processes, round-robin Newton–Schulz owners
-    vs every rank computing everything, as a ratio; (c) validation bits-per-byte on `char_lm` after the same
-    number of steps, each optimizer at its best lr of a 5-point sweep (extended past an edge best), with the loss
-    curves as a PNG, and (c') every NS path at the default's best lr; (d) batched vs per-matrix Newton–Schulz; (e) the lr ratio OLion/AdamW at which OLion first
+    bf16, standard / Gram form), with each path's sign agreement with float64 NS5; (b) OLion's step time under DDP
+    on 2 gloo processes, round-robin Newton–Schulz owners vs every rank computing everything, as a ratio;
+    (c) validation bits-per-byte on `char_lm` after the same number of steps, each optimizer at its best lr of a
+    5-point sweep (extended past an edge best), with the loss curves as a PNG, and (c') every NS path at the
+    default's best lr; (d) batched vs per-matrix Newton–Schulz; (e) the lr ratio OLion/AdamW at which OLion first
     matches AdamW's best, on a new user's MLP and on char_lm. Every char_lm run is fresh (no reuse).
 
     python tools/bench/optimizers.py [--steps 300] [--timing-steps 20] [--skip-quality] [--skip-ddp] [--out DIR]
@@ -317,7 +318,8 @@ def path_quality(olion_best: dict, steps: int, out: Path, jobs: int) -> dict[str
     lr = olion_best["lr"]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         runs = list(pool.map(lambda path: run_char_lm("olion", lr, steps, out, path), PATH_OVERRIDES))
-    bpb = {"olion (default)": olion_best["val_bpb"], **{p: r["val_bpb"] for p, r in zip(PATH_OVERRIDES, runs)}}
+    bpb = {"olion (default)": olion_best["val_bpb"],
+           **{p: r["val_bpb"] for p, r in zip(PATH_OVERRIDES, runs, strict=True)}}
     print(f"\n(c') char_lm bits/byte after {steps} steps of each NS path at the default OLion's best lr {lr:g}, "
           "vs olion_fp32 (goal: within 0.01)")
     for name, value in bpb.items():
