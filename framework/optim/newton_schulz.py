@@ -169,7 +169,10 @@ def orthogonalize(
 def sign_norm(q: Tensor) -> Tensor:
     """‖q‖_F in fp32 for q with entries in {−1, 0, 1} (any float dtype): the same number as
     `vector_norm(q, dtype=torch.float32)`, without that call's fp32 copy of q. |q| is summed over 256 rows in q's
-    own dtype (every partial count is an integer ≤ 256, exact even in bf16), those column counts in fp32."""
+    own dtype (every partial count is an integer ≤ 256, exact even in bf16), those column counts in fp32; an integer
+    q (int8 off the DDP wire) is counted directly. Exact counts: equal to `vector_norm` up to 2^24 entries."""
+    if not q.is_floating_point():
+        return torch.count_nonzero(q).to(torch.float32).sqrt()
     flat = q.reshape(-1) if q.is_contiguous() else q.mT.reshape(-1)  # a transposed view flattens without a copy
     n = flat.numel() // 256 * 256
     count = flat[:n].view(256, -1).abs().sum(0).sum(dtype=torch.float32)

@@ -10,7 +10,7 @@ results, one flat buffer per owner and wire dtype (the sign step's ±1/0 travel 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -161,8 +161,10 @@ def broadcast_results(
     group: Any,
     rank: int,
     world: int,
+    ws: Callable[[str, tuple[int, ...], torch.dtype], Tensor] | None = None,
 ) -> None:
-    """Fill `results` on every rank: each owner broadcasts its units' results, one flat buffer per wire dtype."""
+    """Fill `results` on every rank: each owner broadcasts its units' results, one flat buffer per wire dtype
+    (taken from `ws`, a `Workspace`, when given: the received results are views into it until its next use)."""
     for r in range(world):
         by_dtype: dict[torch.dtype, list[int]] = {}
         for unit, owner in zip(units, owners, strict=True):
@@ -172,10 +174,11 @@ def broadcast_results(
         for dtype in sorted(by_dtype, key=str):
             idxs = by_dtype[dtype]
             sizes = [math.prod(shapes[i]) for i in idxs]
+            out = None if ws is None else ws(f"wire{r}", (sum(sizes),), dtype)
             if r == rank:
-                buf = torch.cat([results[i].reshape(-1).to(dtype) for i in idxs])  # type: ignore[union-attr]
+                buf = torch.cat([results[i].reshape(-1).to(dtype) for i in idxs], out=out)  # type: ignore[union-attr]
             else:
-                buf = torch.empty(sum(sizes), dtype=dtype, device=device)
+                buf = torch.empty(sum(sizes), dtype=dtype, device=device) if out is None else out
             dist.broadcast(buf, src=dist.get_global_rank(group, r), group=group)
             if r != rank:
                 for i, piece in zip(idxs, buf.split(sizes), strict=True):

@@ -257,23 +257,29 @@ class OLion(torch.optim.Optimizer):
                         dst[i] = owner
             dirs = gather_full(dirs, params, group_pg, world, dst)
         results: list[Tensor | None] = [None] * len(hidden)
+        wire = [torch.int8 if g["sign"] else d for (_, g), d in zip(hidden, ns_dtypes, strict=True)]
         for k, unit in enumerate(units):
             mine = owners is None or owners[k] == rank
             for i in unit:
                 if dirs[i] is None and not is_dtensor(params[i]):
                     dirs[i] = self._momentum_direction(*hidden[i], need=mine, slot=unit.index(i),
                                                        dtype=ns_dtypes[i])
-            if mine:  # NS in the workspace on CPU when its result is applied before the next unit's NS
-                ws = self._workspace if owners is None and params[unit[0]].device.type == "cpu" else None
+            if mine:  # on CPU in the workspace; a result that waits for the broadcast leaves it in its wire dtype
+                ws = self._workspace if params[unit[0]].device.type == "cpu" else None
                 self._orthogonalize_unit(unit, hidden, dirs, shapes, ns_dtypes[unit[0]], results, ws)
+                for i in unit if owners is not None else ():
+                    q = results[i]
+                    out = torch.empty_like(q, dtype=wire[i]) if ws is None else ws(f"res{i}", q.shape, wire[i])
+                    results[i] = out.copy_(q)  # type: ignore[arg-type]
             for i in unit:
                 dirs[i] = None
                 if owners is None:  # nothing to wait for: apply now and let the update go
                     self._apply(*hidden[i], results[i], rank, world)  # type: ignore[arg-type]
                     results[i] = None
         if owners is not None:
-            wire = [torch.int8 if g["sign"] else d for (_, g), d in zip(hidden, ns_dtypes, strict=True)]
-            broadcast_results(units, owners, results, shapes, wire, params[0].grad.device, group_pg, rank, world)
+            device = params[0].grad.device
+            ws = self._workspace if device.type == "cpu" else None
+            broadcast_results(units, owners, results, shapes, wire, device, group_pg, rank, world, ws)
             for (p, g), q in zip(hidden, results, strict=True):
                 self._apply(p, g, q, rank, world)  # type: ignore[arg-type]
 
@@ -320,12 +326,12 @@ class OLion(torch.optim.Optimizer):
         d_out, d_in = q.shape
         # scaling happens in ≥fp32 so entries are 0.2·lr to fp32 precision
         dtype = torch.promote_types(p.dtype, torch.float32)
-        fused = group["sign"] and group["use_scale"] and q.is_floating_point() and not is_dtensor(p)
+        fused = group["sign"] and group["use_scale"] and not is_dtensor(p)  # q: NS's dtype, or int8 off the wire
         u = q if fused else q.to(dtype)
         scale: Tensor | float = 1.0
         if group["use_scale"]:
             fp32 = fused and dtype == torch.float32  # (torch's fp64 norm is not the correctly rounded sqrt)
-            norm = sign_norm(q) if fp32 else torch.linalg.vector_norm(u, dtype=dtype)
+            norm = sign_norm(q) if fp32 else torch.linalg.vector_norm(u.to(dtype), dtype=dtype)
             scale = math.sqrt(min(d_out, d_in)) / (norm + group["eps"])
         if group["rms_scale"]:
             scale = scale * (0.2 * math.sqrt(max(d_out, d_in)))

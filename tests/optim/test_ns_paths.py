@@ -226,7 +226,7 @@ def test_olion_on_cpu_makes_its_buffers_once_and_reuses_them():
 
 
 @pytest.mark.parametrize("shape", [(96, 384), (7, 13), (1536, 384), (3, 5), (2, 48, 64)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int8])
 def test_sign_norm_is_vector_norm_of_the_signs(shape, dtype):
     gen = torch.Generator().manual_seed(6)
     q = torch.randn(*shape, generator=gen).sign()
