@@ -18,6 +18,7 @@ import argparse
 import csv
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -90,8 +91,9 @@ def step_factories() -> dict:
     }
 
 
-def step_times(steps: int, threads: int) -> dict[str, float]:
-    """Median optimizer.step() seconds on the timing set's parameters, every optimizer in the same run.
+def step_times(steps: int, threads: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median optimizer.step() seconds on the timing set's parameters, every optimizer in the same run, and the
+    median minor page faults per step (fresh memory the step touched first: `getrusage`, Linux/macOS).
 
     The steps are interleaved (one step of each optimizer per round), so load on the machine hits every row alike.
     torch.optim.Muon always runs Newton–Schulz in bf16; where the measured choice says bf16 is slow (a CPU
@@ -103,14 +105,18 @@ def step_times(steps: int, threads: int) -> dict[str, float]:
     bf16_fast = fast_ns_dtype("cuda" if torch.cuda.is_available() else "cpu") == torch.bfloat16
     opts = {name: make(named) for name, make in step_factories().items()}
     times: dict[str, list[float]] = {name: [] for name in opts}
+    faults: dict[str, list[int]] = {name: [] for name in opts}
     for rnd in range(steps + 1):  # round 0 warms up
         for name, opt in opts.items():
             if not bf16_fast and rnd > 2 and ("bf16" in name or name == "muon"):
                 continue
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t = median_step(opt, 0, 1)
             if rnd:
                 times[name].append(t)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+                faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return ({name: statistics.median(ts) for name, ts in times.items()},
+            {name: statistics.median(fs) for name, fs in faults.items()})
 
 
 def ns_paths() -> dict[str, dict]:
@@ -355,20 +361,21 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
 
-    times = step_times(args.timing_steps, args.threads)
+    times, faults = step_times(args.timing_steps, args.threads)
     chosen = fast_ns_dtype("cuda" if torch.cuda.is_available() else "cpu")
     ratio = measured_ratio(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     print(f"\n(a) optimizer step time, {TIMING_SET} parameters, median of {args.timing_steps} interleaved rounds, "
           f"{args.threads} thread(s), torch {torch.__version__}, {device}")
     print(f"OLion's default NS dtype here: {str(chosen).removeprefix('torch.')} (bf16 matmul took {ratio:.2f}x "
           "fp32's in a re-measurement; bf16 is chosen at <= 0.75x)")
-    print(f"{'optimizer':34s} {'ms/step':>9s} {'× AdamW':>8s} {'× Muon':>7s}")
+    print(f"{'optimizer':34s} {'ms/step':>9s} {'× AdamW':>8s} {'× Muon':>7s} {'page faults/step':>17s}")
     labels = {"muon": "muon (torch.optim.Muon, bf16 NS)", "lion": "lion (lion-pytorch)",
               "olion": "olion (default)", "olion_fp32": "olion_fp32 (standard NS, fp32)",
               "olion_fp32_gram": "olion_fp32_gram", "olion_bf16": "olion_bf16 (standard NS, bf16)",
               "olion_bf16_gram": "olion_bf16_gram"}
     for name, t in times.items():
-        print(f"{labels.get(name, name):34s} {1e3 * t:9.1f} {t / times['adamw']:8.2f} {t / times['muon']:7.3f}")
+        print(f"{labels.get(name, name):34s} {1e3 * t:9.1f} {t / times['adamw']:8.2f} {t / times['muon']:7.3f} "
+              f"{faults[name]:17.0f}")
     print(f"OLion (default) / torch.optim.Muon: {times['olion'] / times['muon']:.3f}  (goal ≤ 1.0 where bf16 is "
           "native; ≤ 0.8, stretch 0.7)")
     print(f"OLion (default) / olion_fp32: {times['olion'] / times['olion_fp32']:.3f}  (goal ≤ 1.0)")
@@ -382,7 +389,8 @@ def main() -> None:
     for name, row in paths.items():
         cells = [f"{row[k][0]:.4f} ({row[k][1]:.4f})" for k in ("timing set", "low-rank + noise")]
         print(f"{name:18s} {row['form']:9s} {row['dtype']:9s} {cells[0]:>16s} {cells[1]:>18s}")
-    report: dict = {"step_seconds": times, "threads": args.threads, "ns_dtype": str(chosen), "bf16_ratio": ratio,
+    report: dict = {"step_seconds": times, "page_faults_per_step": faults, "threads": args.threads,
+                    "ns_dtype": str(chosen), "bf16_ratio": ratio,
                     "ns_paths": paths}
 
     if not args.skip_ddp:
