@@ -311,7 +311,7 @@ def header(plan: Plan) -> str:
 def table(rows: list[Row]) -> str:
     """The markdown table, one row per check."""
     lines = ["| check | setting | result | seconds | ok |", "|---|---|---|---|---|"]
-    lines += [f"| {r.check} | {r.setting} | {r.result} | {r.seconds:.1f} | {'yes' if r.ok else 'no'} |" for r in rows]
+    lines += [f"| {r.check} | {r.setting} | {r.result} | {r.seconds:.3g} | {'yes' if r.ok else 'no'} |" for r in rows]
     return "\n".join(lines)
 
 
