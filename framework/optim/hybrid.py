@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import Tensor
 
-from framework.optim.newton_schulz import NS_FORMS
+from framework.optim.newton_schulz import check_ns_form
 
 Predicate = Callable[[str, Tensor], bool]
 
@@ -46,8 +46,7 @@ def check_options(opts: dict[str, Any]) -> None:
     for key in ("betas", "adamw_betas"):
         if key in opts:
             check_betas(key, opts[key])
-    if opts.get("ns_form", "auto") not in NS_FORMS:
-        raise ValueError(f"ns_form={opts['ns_form']!r} is invalid: valid: {', '.join(NS_FORMS)}")
+    check_ns_form(opts.get("ns_form", "auto"))
     ns = opts.get("ns_steps", 1)
     if isinstance(ns, bool) or not isinstance(ns, int) or ns < 1:
         raise ValueError(f"ns_steps={ns!r} is invalid: must be an integer >= 1")

@@ -35,6 +35,13 @@ def _out(ws: Workspace | None, tag: str, like: Tensor, rows: int, cols: int) -> 
     return None if ws is None else ws(tag, (*like.shape[:-2], rows, cols), like.dtype)
 
 
+def _check_input(G: Tensor, steps: int, name: str) -> None:
+    if G.ndim < 2:
+        raise ValueError(f"{name} needs a matrix (ndim >= 2), got shape {tuple(G.shape)}")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+
+
 def newton_schulz5(
     G: Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype | None = torch.bfloat16, scratch: bool = False,
     ws: Workspace | None = None,
@@ -47,10 +54,7 @@ def newton_schulz5(
     lets it divide G in place when G is already in `dtype` (the caller's own buffer). With `ws` every product
     goes into a workspace buffer, the result too: use it before the next call with the same workspace.
     """
-    if G.ndim < 2:
-        raise ValueError(f"newton_schulz5 needs a matrix (ndim >= 2), got shape {tuple(G.shape)}")
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
+    _check_input(G, steps, "newton_schulz5")
     a, b, c = NS_COEFFICIENTS
     shape = G.shape
     X = G.to(dtype) if dtype is not None else G
@@ -85,10 +89,15 @@ GRAM_MIN_ASPECT = 2.0
 GRAM_RESTART_16BIT = 3
 
 
-def uses_gram(shape: tuple[int, ...] | torch.Size, form: str) -> bool:
-    """Whether `form` ("auto", "standard", "gram") runs the Gram form on a matrix of this (…, m, n) shape."""
+def check_ns_form(form: object) -> None:
+    """ValueError naming the valid `ns_form` values unless `form` is one."""
     if form not in NS_FORMS:
         raise ValueError(f"ns_form={form!r} is invalid: valid: {', '.join(NS_FORMS)}")
+
+
+def uses_gram(shape: tuple[int, ...] | torch.Size, form: str) -> bool:
+    """Whether `form` ("auto", "standard", "gram") runs the Gram form on a matrix of this (…, m, n) shape."""
+    check_ns_form(form)
     m, n = sorted(shape[-2:])
     return form == "gram" or (form == "auto" and n >= GRAM_MIN_ASPECT * m)
 
@@ -113,10 +122,7 @@ def gram_newton_schulz5(
     iteration `GRAM_RESTART_16BIT` in 16-bit dtypes, never in fp32/fp64) rebuilds X = P·X₀ and A from it.
     `scratch=True`: G may be divided in place when it is already in `dtype`; `ws`: as in `newton_schulz5`.
     """
-    if G.ndim < 2:
-        raise ValueError(f"gram_newton_schulz5 needs a matrix (ndim >= 2), got shape {tuple(G.shape)}")
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
+    _check_input(G, steps, "gram_newton_schulz5")
     dtype = dtype or G.dtype
     if restart is None and dtype.itemsize <= 2 and steps > GRAM_RESTART_16BIT:
         restart = GRAM_RESTART_16BIT

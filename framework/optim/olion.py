@@ -244,8 +244,10 @@ class OLion(torch.optim.Optimizer):
             batch.append(g["ns_batch"] or (DEFAULT_NS_BATCH_CUDA if p.grad.is_cuda else 1))
         units = make_units(keys, batch)
         share = self.distributed == "round_robin" and world > 1
-        costs = [sum(ns_cost(shapes[i], uses_gram(shapes[i], hidden[i][1]["ns_form"])) for i in u) for u in units]
-        owners = assign_owners(costs, world) if share else None
+        owners = None
+        if share:
+            costs = [sum(ns_cost(shapes[i], uses_gram(shapes[i], hidden[i][1]["ns_form"])) for i in u) for u in units]
+            owners = assign_owners(costs, world)
         dirs: list[Tensor | None] = [None] * len(hidden)
         if any(is_dtensor(p) for p in params):  # whole matrices, on their owner only (everywhere if redundant)
             dirs = [self._momentum_direction(p, g) for p, g in hidden]  # local shards
@@ -309,7 +311,8 @@ class OLion(torch.optim.Optimizer):
         b1, b2 = group["betas"]
         ws = cast = None
         if need and group["nesterov"] and dtype is not None and g.device.type == "cpu" and not is_dtensor(g):
-            ws, cast = self._workspace(f"dir{slot}", g.shape, g.dtype), self._workspace(f"cast{slot}", g.shape, dtype)
+            cast = self._workspace(f"cast{slot}", g.shape, dtype)
+            ws = cast if dtype == g.dtype else self._workspace(f"dir{slot}", g.shape, g.dtype)  # no same-dtype copy
         c = torch.lerp(g, m, b1, out=ws) if need and group["nesterov"] and group["pre_update_momentum"] else None
         m.lerp_(g, 1 - b2)
         if not need:
@@ -327,11 +330,10 @@ class OLion(torch.optim.Optimizer):
         # scaling happens in ≥fp32 so entries are 0.2·lr to fp32 precision
         dtype = torch.promote_types(p.dtype, torch.float32)
         fused = group["sign"] and group["use_scale"] and not is_dtensor(p)  # q: NS's dtype, or int8 off the wire
-        u = q if fused else q.to(dtype)
         scale: Tensor | float = 1.0
         if group["use_scale"]:
             fp32 = fused and dtype == torch.float32  # (torch's fp64 norm is not the correctly rounded sqrt)
-            norm = sign_norm(q) if fp32 else torch.linalg.vector_norm(u.to(dtype), dtype=dtype)
+            norm = sign_norm(q) if fp32 else torch.linalg.vector_norm(q.to(dtype))
             scale = math.sqrt(min(d_out, d_in)) / (norm + group["eps"])
         if group["rms_scale"]:
             scale = scale * (0.2 * math.sqrt(max(d_out, d_in)))
@@ -340,4 +342,4 @@ class OLion(torch.optim.Optimizer):
         if fused:  # q·scale is exact for q in {−1, 0, 1}: one pass, bit for bit the unfused update (tested)
             local.addcmul_(q.reshape(p.shape), scale, value=-group["lr"])
             return
-        local.add_(shard_of((u * scale).reshape(p.shape), p, rank, world), alpha=-group["lr"])
+        local.add_(shard_of((q.to(dtype) * scale).reshape(p.shape), p, rank, world), alpha=-group["lr"])
