@@ -1,15 +1,16 @@
-"""The Data Agent on an amortised schedule (`data_agent_amortised`; not the paper's): it acts and learns once per
-epoch instead of on every training step.
+"""The Data Agent on an amortised schedule (`data_agent_amortised`; not the paper's): it acts once per epoch and
+learns every few epochs instead of on every training step.
 
 The released agent acts on every step's features and runs PPO every 10 steps, so its cost is fixed per sample and
 is more than half of a small model's fit. Here a step only hands its (gathered) features, logits and targets to a
 buffer. At the end of an epoch that is followed by a pruning epoch, in one batched no-grad pass, the actor scores
 every sample the epoch trained on (each sample's state is its feature from its own training step, as in the paper),
-the reward is computed over the epoch's samples as one batch, and PPO makes one update on a seeded subsample of
-them (one step, so GAE reduces to r − V). The epoch's samples are then re-scored in the table, and the selection is
-`data_agent_staleness`'s: the top ⌊ρN⌋ of the standardised scores plus λ per epoch unseen. Epochs after the
-annealing point never select again, so they cost the agent nothing. The epoch's samples are taken in index order
-(repeats dropped), so the result does not depend on how the steps grouped them: the same on 1 or 2 DDP ranks.
+and on every `learn_every`-th epoch the reward is computed over the epoch's samples as one batch and PPO makes one
+update on a seeded subsample of them (one step, so GAE reduces to r − V; `LeanPPOAgent`). The epoch's samples
+are then re-scored in the table, and the selection is `data_agent_staleness`'s: the top ⌊ρN⌋ of the standardised
+scores plus λ per epoch unseen. Epochs after the annealing point never select again, so they cost the agent nothing.
+The epoch's samples are taken in index order (repeats dropped), so the result does not depend on how the steps
+grouped them: the same on 1 or 2 DDP ranks.
 """
 
 from __future__ import annotations
@@ -28,34 +29,117 @@ from framework.samplers.table import ScoreTable
 FIELDS = ("index", "features", "logits", "targets")
 
 
-def epoch_batch(steps: list[Step]) -> Step:
-    """The epoch's steps as one batch in sample-index order, each sample once (its last occurrence: a DDP
-    padding duplicate counts once), so any grouping of the same samples into steps and ranks gives the same batch."""
-    index = torch.cat([s["index"].reshape(-1).long().cpu() for s in steps])
-    rows = torch.arange(index.numel())
-    last = torch.full((int(index.max()) + 1,), -1, dtype=torch.long).scatter_reduce(0, index, rows, reduce="amax")
-    keep = last[last >= 0]  # in index order
-    out = {"index": index[keep]}
-    for key in FIELDS[1:]:
+def index_order(steps: list[Step]) -> tuple[Tensor, Tensor]:
+    """The epoch's sample indices in increasing order, each once, and where each one's last occurrence sits in the
+    steps' concatenation (a DDP padding duplicate counts once), so any grouping of the same samples into steps and
+    ranks orders them the same."""
+    index = torch.cat([s["index"].reshape(-1) for s in steps]).long().cpu()
+    ordered, order = torch.sort(index, stable=True)  # equal indices keep their order: the last one is the latest
+    if ordered.numel() > 1:
+        last = torch.ones_like(ordered, dtype=torch.bool)
+        torch.ne(ordered[1:], ordered[:-1], out=last[:-1])
+        if not bool(last.all()):
+            ordered, order = ordered[last], order[last]
+    return ordered, order
+
+
+def epoch_batch(steps: list[Step], keys: tuple[str, ...] = FIELDS[1:], order: tuple[Tensor, Tensor] | None = None
+                ) -> Step:
+    """The epoch's steps as one batch in sample-index order, each sample once (`index_order`, or `order` if given)."""
+    index, order_ = order if order is not None else index_order(steps)
+    out = {"index": index}
+    for key in keys:
         values = torch.cat([s[key].to(steps[-1][key].device) for s in steps])  # a resumed epoch's: on the CPU
-        out[key] = values[keep.to(values.device)]
+        out[key] = values.index_select(0, order_.to(values.device))
     return out
 
 
-class AmortisedAgentPolicy(DataAgentPolicy):
-    """The Data Agent acting and learning once per epoch, on the samples the epoch trained on.
+def scatter_rows(steps: list[Step], key: str, order: Tensor, out: Tensor) -> Tensor:
+    """`epoch_batch`'s rows of `key` (flattened to 2-D, in `out`'s dtype) written straight into `out` (the first
+    `order.numel()` rows): each step's rows copied once to their places, with no concatenation in between."""
+    sizes = [s[key].shape[0] for s in steps]
+    place = torch.full((sum(sizes),), -1, dtype=torch.long)
+    place[order] = torch.arange(order.numel())
+    dropped = order.numel() < place.numel()  # a sample's earlier occurrences (DDP padding) are not copied
+    for step, where in zip(steps, place.split(sizes), strict=True):
+        rows = step[key].flatten(1).to(out.device, out.dtype)
+        if dropped:
+            keep = where >= 0
+            rows, where = rows[keep.to(rows.device)], where[keep]
+        out.index_copy_(0, where.to(out.device), rows)
+    return out[: order.numel()]
 
-    `update_size`: samples in the one PPO update per epoch, a seeded subsample of the epoch's (all of them if
-    fewer; `None`: all), so the update's cost does not grow with the data. `hidden`: the width of the actor's and
-    critic's two layers (the paper's 128). `staleness` λ (as `data_agent_staleness`) brings left-out samples back.
-    The other arguments are `DataAgentPolicy`'s.
+
+def beta_log_prob(x: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
+    """log Beta(x; α, β), written out: `torch.distributions.Beta` goes through a two-class Dirichlet, about twice the
+    ops forward and backward, which is most of a small update's time."""
+    return ((alpha - 1) * x.log() + (beta - 1) * torch.log1p(-x) + torch.lgamma(alpha + beta) - torch.lgamma(alpha)
+            - torch.lgamma(beta))
+
+
+class LeanPPOAgent(PPOAgent):
+    """The same actor, critic, Adam optimisers and clipped PPO objective, for one batch of one-step transitions at a
+    time: the actor's and the critic's losses go through one backward (their parameters are disjoint, so each gets
+    the gradient it had alone), the Beta is sampled as X/(X+Y) from two Gamma draws on the agent's own generator
+    (no fork of the global RNG), and nothing is buffered between calls."""
+
+    def sample_beta(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        g = torch.Generator()
+        g.set_state(self.rng_state)
+        x = torch._standard_gamma(alpha.cpu(), generator=g)  # the op behind torch.distributions.Gamma
+        y = torch._standard_gamma(beta.cpu(), generator=g)
+        self.rng_state = g.get_state()
+        return (x / (x + y)).clamp(1e-6, 1 - 1e-6).to(alpha.device)  # exactly 0 or 1 has log-prob ±inf
+
+    def learn(self, states: Tensor, actions: Tensor, old_logp: Tensor, values: Tensor, rewards: Tensor
+              ) -> dict[str, float]:
+        """K clipped-surrogate steps of the actor and MSE steps of the critic on one batch of one-step transitions
+        (GAE with bootstrap 0 reduces to r − V; advantages scaled by their std, centred only with `centre`)."""
+        adv = rewards - values
+        if self.centre:
+            adv = adv - adv.mean()
+        adv = adv / (adv.std() + 1e-8)
+        actor, critic = list(self.actor.parameters()), list(self.critic.parameters())
+        losses = []
+        for _ in range(self.k_epochs):
+            ratio = torch.exp(beta_log_prob(actions, *self.actor(states)) - old_logp)
+            loss_a = -torch.min(ratio * adv, ratio.clamp(1 - self.eps_clip, 1 + self.eps_clip) * adv).mean()
+            loss_c = (self.critic(states) - rewards).square().mean()
+            grads = torch.autograd.grad(loss_a + loss_c, actor + critic)
+            for p, grad in zip(actor + critic, grads, strict=True):
+                p.grad = grad
+            self.opt_actor.step()
+            self.opt_critic.step()
+            losses.append(torch.stack([loss_a.detach(), loss_c.detach()]))
+        mean = torch.stack(losses).mean(0).tolist()
+        return {"actor_loss": mean[0], "critic_loss": mean[1]}
+
+
+def _room(buffer: Tensor | None, rows: int, like: Tensor) -> Tensor:
+    """`buffer` if it holds `rows` rows of `like`'s width on its device, else a new float32 one of that many rows."""
+    width, device = like.shape[1], like.device
+    if buffer is not None and buffer.shape[0] >= rows and buffer.shape[1] == width and buffer.device == device:
+        return buffer
+    return torch.empty(rows, width, device=device)
+
+
+class AmortisedAgentPolicy(DataAgentPolicy):
+    """The Data Agent acting once per epoch on the samples the epoch trained on, and learning every `learn_every`-th
+    epoch.
+
+    `update_size`: samples in that PPO update, a seeded subsample of the epoch's (all of them if fewer; `None`: all),
+    so the update's cost does not grow with the data. At these sizes an update costs its number of operations, not
+    its rows (256 rows cost ~1.1× 128), so fewer, larger updates (every 8th epoch on 256) learn from as many
+    transitions as every 4th on 128 for about half the time. `hidden`: the width of the actor's and critic's two
+    layers (the paper's 128). `staleness` λ (as `data_agent_staleness`) brings left-out samples back. The other
+    arguments are `DataAgentPolicy`'s.
     """
 
     def __init__(
         self, ratio: float = 0.5, delta: float = 0.875, rescale: bool = True, label_smoothing: float = 0.1,
         learn: bool = True, lr_actor: float = 3e-4, lr_critic: float = 3e-4, k_epochs: int = 2,
-        eps_clip: float = 0.2, seed: int | None = None, staleness: float = 0.5, update_size: int | None = 128,
-        hidden: int = 32, fused: bool = True, learn_every: int = 4,
+        eps_clip: float = 0.2, seed: int | None = None, staleness: float = 0.5, update_size: int | None = 256,
+        hidden: int = 32, fused: bool = True, learn_every: int = 8,
     ):
         super().__init__(ratio, delta, rescale, label_smoothing=label_smoothing, learn=learn, lr_actor=lr_actor,
                          lr_critic=lr_critic, k_epochs=k_epochs, eps_clip=eps_clip, seed=seed, staleness=staleness)
@@ -68,11 +152,13 @@ class AmortisedAgentPolicy(DataAgentPolicy):
             raise ValueError(f"hidden={hidden} must be >= 1")
         self.update_size, self.hidden, self.fused = update_size, int(hidden), bool(fused)
         self.steps: list[Step] = []  # this epoch's step fields, until the epoch's end
+        # the epoch's features in index order: a buffer kept across epochs, each step's rows copied into it once
+        self.states: Tensor | None = None
         self.pending: dict[str, Tensor] | None = None  # the last epoch's scores, for the table at the next select
         self.subsample_state: Tensor | None = None  # the update's subsample RNG (never the global one)
 
-    def build(self, state_dim: int) -> PPOAgent:
-        self.agent = PPOAgent(state_dim, seed=self.seed or 0, hidden=self.hidden, fused=self.fused, **self.ppo)
+    def build(self, state_dim: int) -> LeanPPOAgent:
+        self.agent = LeanPPOAgent(state_dim, seed=self.seed or 0, hidden=self.hidden, fused=self.fused, **self.ppo)
         return self.agent
 
     def observe(self, step: Step, table: ScoreTable, epoch: int) -> dict[str, float]:
@@ -86,8 +172,10 @@ class AmortisedAgentPolicy(DataAgentPolicy):
         if not steps or not self.prunes(epoch + 1, num_epochs):
             return {}  # no selection follows: scoring would buy nothing
         start = time.perf_counter()
-        batch = epoch_batch(steps)
-        states = batch["features"].float().flatten(1)
+        index, order = index_order(steps)
+        batch = epoch_batch(steps, ("logits", "targets"), (index, order))
+        self.states = _room(self.states, order.numel(), steps[-1]["features"].flatten(1))
+        states = scatter_rows(steps, "features", order, self.states)
         agent = self.agent if self.agent is not None else self.build(states.shape[1])
         if agent.device != states.device:
             agent.to(states.device)
@@ -103,24 +191,24 @@ class AmortisedAgentPolicy(DataAgentPolicy):
             self.pending = None
         return super().select(table, epoch, generator)
 
-    def _act_and_learn(self, agent: PPOAgent, states: Tensor, batch: Step, learn: bool) -> tuple[Tensor, dict]:
+    def _act_and_learn(self, agent: LeanPPOAgent, states: Tensor, batch: Step, learn: bool
+                       ) -> tuple[Tensor, dict]:
         """One no-grad pass of the actor over the epoch's states; with `learn`, the reward over the epoch and one
         PPO update."""
         with torch.no_grad():
-            dist = agent.actor.dist(states)
-            actions = agent.sample(dist)
+            alpha, beta = agent.actor(states)
+            actions = agent.sample_beta(alpha, beta)
         info = {"action_mean": float(actions.mean())}
         if not learn:
             return actions, info
         with torch.no_grad():
             reward, more = composite_reward(batch["logits"], batch["targets"], actions, self.label_smoothing)
+            reward = (reward - reward.mean()) / reward.std().clamp_min(1e-8) if reward.numel() > 1 else reward * 0
+            pick = self._subsample(actions.numel(), actions.device)
+            chosen, taken = states[pick], actions[pick]
+            old_logp, values = beta_log_prob(taken, alpha[pick], beta[pick]), agent.critic(chosen)
         info.update(more)
-        reward = (reward - reward.mean()) / reward.std().clamp_min(1e-8) if reward.numel() > 1 else reward * 0
-        pick = self._subsample(actions.numel(), actions.device)
-        with torch.no_grad():
-            log_probs, values = dist.log_prob(actions)[pick], agent.critic(states[pick])
-        agent.store(states[pick], actions[pick], log_probs, values, reward[pick])
-        info.update(agent.update())
+        info.update(agent.learn(chosen, taken, old_logp, values, reward[pick]))
         return actions, info
 
     def _subsample(self, n: int, device: torch.device) -> Tensor:

@@ -90,7 +90,7 @@ def step_fields(outputs: Any, batch: Any, needs: tuple[str, ...], index: Tensor,
                 "DataSelection(head='net.fc') (its output is the logits, its input the features)")
             raise TypeError(f"{policy} needs the per-sample {key!r} of every training step; training_step "
                             f"returned {what}: {how}")
-        step[key] = torch.as_tensor(value).detach()
+        step[key] = (value if isinstance(value, Tensor) else torch.as_tensor(value)).detach()
     return step
 
 

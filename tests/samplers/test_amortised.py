@@ -159,3 +159,60 @@ def test_state_round_trip_mid_epoch_continues_bitwise():
 def test_bad_values_are_refused_naming_the_value(bad, message):
     with pytest.raises(ValueError, match=message):
         AmortisedAgentPolicy(**bad)
+
+
+def test_the_epoch_features_are_copied_into_place_as_the_epoch_batch_orders_them():
+    from framework.samplers.amortised import index_order, scatter_rows
+
+    steps = [fields(torch.tensor([5, 1, 7]), 0), fields(torch.tensor([3, 5]), 1), fields(torch.tensor([0]), 0)]
+    _, order = index_order(steps)
+    out = torch.full((8, DIM), float("nan"))
+    rows = scatter_rows(steps, "features", order, out)
+    assert torch.equal(rows, epoch_batch(steps)["features"])  # 5's row is its last occurrence's (epoch 1's step)
+    assert rows.data_ptr() == out.data_ptr() and out[5:].isnan().all()  # written in place, nothing else touched
+
+
+def test_the_written_out_beta_log_density_is_torchs():
+    from framework.samplers.amortised import beta_log_prob
+
+    g = torch.Generator().manual_seed(0)
+    alpha, beta = 1 + 3 * torch.rand(200, generator=g), 1 + 3 * torch.rand(200, generator=g)
+    x = torch.rand(200, generator=g).clamp(1e-4, 1 - 1e-4)
+    expected = torch.distributions.Beta(alpha, beta).log_prob(x)
+    torch.testing.assert_close(beta_log_prob(x, alpha, beta), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_actions_are_beta_distributed_and_drawn_from_the_agents_own_generator():
+    from framework.samplers.amortised import LeanPPOAgent
+
+    agent = LeanPPOAgent(DIM, seed=3)
+    alpha, beta = torch.full((40_000,), 2.0), torch.full((40_000,), 5.0)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    a = agent.sample_beta(alpha, beta)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert abs(float(a.mean()) - 2 / 7) < 0.005  # Beta(2, 5): mean 2/7, variance 10/392
+    assert abs(float(a.var()) - 10 / 392) < 0.002
+    b = LeanPPOAgent(DIM, seed=3).sample_beta(alpha, beta)
+    assert torch.equal(a, b) and not torch.equal(a, agent.sample_beta(alpha, beta))  # seeded, and the stream moves on
+
+
+def test_the_lean_update_is_the_released_ppo_update_on_one_batch_of_one_step_transitions():
+    from framework.samplers.agent import PPOAgent
+    from framework.samplers.amortised import LeanPPOAgent, beta_log_prob
+
+    g = torch.Generator().manual_seed(1)
+    states, reward = torch.randn(64, DIM, generator=g), torch.randn(64, generator=g)
+    reference, lean = PPOAgent(DIM, seed=0, hidden=16, k_epochs=3), LeanPPOAgent(DIM, seed=0, hidden=16, k_epochs=3)
+    with torch.no_grad():
+        alpha, beta = lean.actor(states)
+        actions = lean.sample_beta(alpha, beta)
+        old, values = beta_log_prob(actions, alpha, beta), lean.critic(states)
+    reference.store(states, actions, reference.actor.dist(states).log_prob(actions).detach(), values, reward)
+    info_ref, info = reference.update(), lean.learn(states, actions, old, values, reward)
+    for net in ("actor", "critic"):
+        for a, b in zip(getattr(reference, net).parameters(), getattr(lean, net).parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert info == pytest.approx(info_ref, rel=1e-4)
+    initial = PPOAgent(DIM, seed=0, hidden=16).actor.parameters()
+    assert all(not torch.equal(a, b) for a, b in zip(lean.actor.parameters(), initial, strict=True))  # it learned
