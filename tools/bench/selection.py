@@ -213,9 +213,9 @@ def _observe_seconds(feats: list, y: torch.Tensor, last: int, learn: bool = True
     return sum(took[-last:]) / last
 
 
-def _amortised_seconds(feats: list, y: torch.Tensor, steps_per_epoch: int, epochs: int = 4) -> float:
+def _amortised_seconds(feats: list, y: torch.Tensor, steps_per_epoch: int, epochs: int = 8) -> float:
     """Mean seconds per step of `data_agent_amortised` (buffering each step, then one scoring pass per epoch and one
-    PPO update every `learn_every` = 4 epochs) over `epochs` epochs of `steps_per_epoch` steps cycling `feats`."""
+    PPO update every `learn_every` = 8 epochs) over `epochs` epochs of `steps_per_epoch` steps cycling `feats`."""
     from framework.samplers import ScoreTable
 
     batch = y.shape[0]
@@ -299,7 +299,7 @@ def markdown(summary: list[dict], overhead: dict[str, float] | None, mlp: dict[s
         lines += ["", f"Data Agent work per step next to a timm ResNet-18 SGD step (32×32, batch 64, 1 thread): "
                       f"{1e3 * overhead['agent_step_s']:.1f} ms vs {1e3 * overhead['resnet18_step_s']:.1f} ms "
                       f"= **{100 * overhead['ratio']:.1f}%** of the step; `data_agent_amortised` (an epoch of 100 "
-                      f"steps, scored once, learning every 4th epoch) {1e3 * overhead['amortised_step_s']:.2f} ms per "
+                      f"steps, scored once, learning every 8th epoch) {1e3 * overhead['amortised_step_s']:.2f} ms per "
                       f"step = **{100 * overhead['amortised_ratio']:.2f}%**."]
     if mlp:
         lines += ["", f"The agent next to the MLP workloads' model (64→256→256→10 SGD step in plain torch, batch 64, 1 "
