@@ -81,7 +81,7 @@ WORKLOADS = {  # data factory kwargs, epochs, lr, model, gradient-norm clip (Non
     # points): their 1/ρ = 2 sample weights double the gradient, an effective lr of 0.1 (docs/data_agent.md). At
     # 0.02 a pruned arm still diverged on 1 or 2 seeds in 10 (random, frozen and learned agents alike: 31-74%),
     # so every policy, full data included, clips the gradient norm at 5, which only a spike reaches (at 1.0 every
-    # arm trained slower: full 93.98 vs 96.10 over 10 seeds)
+    # arm trained slower: full 93.98 vs 96.10 over 10 seeds; a side check, not committed)
     "digits_cnn_noise20": (dict(kind="upsampled", size=16, label_noise=0.2, batch_size=64), 15, 0.02, "test_resnet",
                            5.0),
     "digits_cnn_noise40": (dict(kind="upsampled", size=16, label_noise=0.4, batch_size=64), 15, 0.02, "test_resnet",
