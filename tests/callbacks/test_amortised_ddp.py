@@ -1,5 +1,5 @@
 """`data_agent_amortised` under DDP (gloo, CPU): two ranks select, score and learn identically, and a 2-rank fit
-selects exactly what a 1-rank fit with the same global batches and seed selects (issue 27)."""
+selects exactly what a 1-rank fit with the same global batches and seed selects (issue 28)."""
 
 import os
 import subprocess

@@ -124,7 +124,7 @@ def _checkpointing(tmp_path):
 @pytest.mark.parametrize("resume_step", [7, 5], ids=["mid_epoch", "last_batch_of_epoch"])
 def test_resume_replays_the_remaining_batches_and_ends_with_identical_model_and_agent(tmp_path, resume_step,
                                                                                        sampler):
-    # the amortised agent (issue 27) learns at epoch ends: every one here, on a subsample
+    # the amortised agent (issue 28) learns at epoch ends: every one here, on a subsample
     often = dict(learn_every=1, update_size=32) if sampler == "data_agent_amortised" else dict(update_every=3)
     policy = functools.partial(SAMPLERS.build, sampler, ratio=0.5, delta=0.75, **often)
     full_dir, part_dir = tmp_path / "full", tmp_path / "part"

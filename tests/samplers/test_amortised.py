@@ -1,4 +1,4 @@
-"""The amortised Data Agent (`data_agent_amortised`, issue 27): one batched scoring pass and at most one PPO update per
+"""The amortised Data Agent (`data_agent_amortised`, issue 28): one batched scoring pass and at most one PPO update per
 epoch, bitwise reproducible under a seed, independent of how steps and ranks group the samples; and no selection
 policy touches the global torch, NumPy or Python RNGs."""
 

@@ -3,7 +3,7 @@ relative to full data), wall time, the selection callback's share of the fit, ho
 the previous epoch's and how much of it is mislabelled; on sklearn digits (MLP), a synthetic 10-class problem with
 20% label noise (MLP), and digits upsampled to 16×16 through timm's `test_resnet` with 20% and 40% label noise.
 On the noisy synthetic set it also runs issue 18's ablation (each candidate change alone on the faithful agent), on
-the MLP workloads issue 27's (the steps from the per-step agent to `data_agent_amortised`, each on top of the one
+the MLP workloads issue 28's (the steps from the per-step agent to `data_agent_amortised`, each on top of the one
 before), and a longer noisy workload (40% label noise, 40 epochs) where full data has time to memorise the noise.
 Plus the Data Agent's per-step work next to a timm ResNet-18 step, and the amortised variant's.
 
@@ -56,8 +56,8 @@ POLICIES = {
     # issue 18's other candidate changes, each alone on top of the faithful agent (the ablation)
     "data_agent_centred": functools.partial(DataAgentPolicy, ratio=0.5, centred=True),
     "data_agent_gumbel": functools.partial(DataAgentPolicy, ratio=0.5, temperature=1.0),
-    # issue 27's variant: the agent acts and learns once per epoch (framework/samplers/amortised.py), and the changes
-    # that led to it, each on top of the one before (the cost ablation, run on the MLP workloads)
+    # issue 28's variant: the agent acts once per epoch and learns every few epochs (framework/samplers/amortised.py),
+    # and the changes that led to it, each on top of the one before (the cost ablation, run on the MLP workloads)
     "data_agent_amortised": functools.partial(AmortisedAgentPolicy, ratio=0.5),
     "amortised_schedule": functools.partial(AmortisedAgentPolicy, ratio=0.5, update_size=None, hidden=128,
                                             k_epochs=4, fused=False, learn_every=1),
