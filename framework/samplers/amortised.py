@@ -43,14 +43,15 @@ def index_order(steps: list[Step]) -> tuple[Tensor, Tensor]:
     return ordered, order
 
 
-def epoch_batch(steps: list[Step], keys: tuple[str, ...] = FIELDS[1:], order: tuple[Tensor, Tensor] | None = None
-                ) -> Step:
-    """The epoch's steps as one batch in sample-index order, each sample once (`index_order`, or `order` if given)."""
-    index, order_ = order if order is not None else index_order(steps)
+def epoch_batch(steps: list[Step], keys: tuple[str, ...] = FIELDS[1:],
+                ordered: tuple[Tensor, Tensor] | None = None) -> Step:
+    """The epoch's steps as one batch in sample-index order, each sample once (`ordered`: `index_order(steps)`, if
+    already computed)."""
+    index, order = ordered if ordered is not None else index_order(steps)
     out = {"index": index}
     for key in keys:
         values = torch.cat([s[key].to(steps[-1][key].device) for s in steps])  # a resumed epoch's: on the CPU
-        out[key] = values.index_select(0, order_.to(values.device))
+        out[key] = values.index_select(0, order.to(values.device))
     return out
 
 
@@ -100,7 +101,7 @@ class LeanPPOAgent(PPOAgent):
             adv = adv - adv.mean()
         adv = adv / (adv.std() + 1e-8)
         actor, critic = list(self.actor.parameters()), list(self.critic.parameters())
-        losses = []
+        total = torch.zeros(2)
         for _ in range(self.k_epochs):
             ratio = torch.exp(beta_log_prob(actions, *self.actor(states)) - old_logp)
             loss_a = -torch.min(ratio * adv, ratio.clamp(1 - self.eps_clip, 1 + self.eps_clip) * adv).mean()
@@ -110,9 +111,9 @@ class LeanPPOAgent(PPOAgent):
                 p.grad = grad
             self.opt_actor.step()
             self.opt_critic.step()
-            losses.append(torch.stack([loss_a.detach(), loss_c.detach()]))
-        mean = torch.stack(losses).mean(0).tolist()
-        return {"actor_loss": mean[0], "critic_loss": mean[1]}
+            total += torch.stack([loss_a.detach(), loss_c.detach()]).cpu()
+        actor_loss, critic_loss = (total / self.k_epochs).tolist()
+        return {"actor_loss": actor_loss, "critic_loss": critic_loss}
 
 
 def _room(buffer: Tensor | None, rows: int, like: Tensor) -> Tensor:
