@@ -10,6 +10,7 @@ computation of `framework.metrics.functional.prdc` on the gathered sets and retu
     metric.update(real_feats, real=True)
     metric.update(fake_feats, real=False)
     metric.compute()  # {'precision': tensor(.98), ..., 'hub_skew_real': ..., 'approx_graph': tensor(0.)}
+    metric(fake_feats, real=False)  # torchmetrics' forward: update(...) plus the batch's value (see GICDM.forward)
     metric.info       # {'correction': 'none', 'n_real': ..., ...}: the non-numeric facts of the last compute()
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torchmetrics import Metric
-from torchmetrics.utilities import dim_zero_cat
+from torchmetrics.utilities import dim_zero_cat, rank_zero_warn
 
 from framework.metrics.functional import NEIGHBOURS, check_correction, prdc
 
@@ -28,6 +29,11 @@ from framework.metrics.functional import NEIGHBOURS, check_correction, prdc
 KEYS = ("precision", "recall", "density", "coverage", "hub_skew_real", "hub_skew_real_corrected", "approx_graph")
 _OPTIONS = ("alpha", "max_iter", "tol", "beta", "filter_scales", "filter_quantile", "candidates", "dense_max",
             "block_size")
+
+
+def _rows(state: list[Tensor] | Tensor) -> int:
+    """Feature vectors in a state: a list of (B, D) batches, or one tensor after a DDP sync."""
+    return sum(int(t.shape[0]) for t in state) if isinstance(state, list) else int(state.shape[0])
 
 
 class GICDM(Metric):
@@ -76,6 +82,7 @@ class GICDM(Metric):
         self.reset_real_features = reset_real_features
         self.options = dict(options or {})
         self.info: dict[str, Any] = {}
+        self._in_forward = self._warned_one_sided = False
         self.add_state("real_features", [], dist_reduce_fx="cat")
         self.add_state("fake_features", [], dist_reduce_fx="cat")
 
@@ -91,31 +98,46 @@ class GICDM(Metric):
         f = f if f.dtype == torch.float64 else f.float()
         (self.real_features if real else self.fake_features).append(f)
 
-    def forward(self, x: Tensor, real: bool) -> dict[str, Tensor]:  # type: ignore[override]
-        """Score a batch of generated inputs against the kept reals and add it to the state (the FID/KID pattern).
+    def forward(self, *args: Any, **kwargs: Any) -> dict[str, Tensor]:
+        """torchmetrics' contract for any `update` signature: `metric(*args)` is `update(*args)` plus the batch's value.
 
-        Needs `reset_real_features=False` and reals added by `update(x, real=True)`: torchmetrics computes the batch
-        value after a `reset()`, so only reals kept across it can be in the batch's state. Its reduce step then
-        concatenates the state before the batch with the batch's, and both hold the kept reals; they are stored once.
+        The batch value is `compute()` on the batch's state after a `reset()`: the batch plus, with
+        `reset_real_features=False`, the kept reals (the FID/KID pattern: `metric(fake, real=False)` scores the batch
+        against them). If that state lacks reals or generated features (e.g. `metric(fake, real=False)` without kept
+        reals), every key of the batch value is NaN, warned once per metric, instead of an error: torchmetrics has
+        reset the accumulated state by then, so raising would lose it; the batch is still added and the final
+        `compute()` sees everything. torchmetrics' reduce path (`full_state_update=False`, no `dist_sync_on_step`)
+        concatenates the state before the batch with the batch's, both holding the kept reals; the second copy is
+        dropped, so the kept reals count once and any reals the batch added stay.
         """
-        if real or self.reset_real_features or not len(self.real_features):
-            raise RuntimeError(
-                "GICDM's forward scores a batch of generated inputs against real features kept across reset(): use"
-                " GICDM(reset_real_features=False), add the reals with update(x, real=True), then call metric(x,"
-                f" real=False); got real={real}, reset_real_features={self.reset_real_features},"
-                f" {len(self.real_features)} real batches (update() and compute() need neither)"
-            )
-        n_real = len(self.real_features)
-        batch = super().forward(x, real)
-        self.real_features = self.real_features[:n_real]  # keep the reals once: drop the batch state's second copy
+        kept = 0 if self.reset_real_features else len(self.real_features)
+        reduce_path = not (self.full_state_update or self.full_state_update is None or self.dist_sync_on_step)
+        self._in_forward = True
+        try:
+            batch = super().forward(*args, **kwargs)
+        finally:
+            self._in_forward = False
+        if kept and reduce_path:  # [kept reals (global copy), kept reals (batch state's), reals the batch added]
+            self.real_features = self.real_features[:kept] + self.real_features[2 * kept:]
         return batch
 
     def compute(self) -> dict[str, Tensor]:
         """The `KEYS` as float32 tensors (loggable as they are); strings and counts go to `self.info`."""
-        n_real, n_fake = (len(s) if isinstance(s, list) else 1 for s in (self.real_features, self.fake_features))
-        if not n_real or not n_fake:  # (after a DDP sync the list states are single tensors)
+        n_real, n_fake = _rows(self.real_features), _rows(self.fake_features)
+        if (not n_real or not n_fake) and self._in_forward:  # a one-sided batch: NaN, the global state survives
+            if not self._warned_one_sided:
+                self._warned_one_sided = True
+                rank_zero_warn(
+                    f"GICDM's forward got a batch state with {n_real} real and {n_fake} generated features; its"
+                    " batch value is NaN (the batch is still accumulated; compute() at the end scores everything)."
+                    " Keep the reals with reset_real_features=False to score each generated batch against them.",
+                    stacklevel=3,  # points at this line, not at torchmetrics' helper
+                )
+            self.info = {"n_real": n_real, "n_fake": n_fake}
+            return {key: torch.tensor(float("nan"), dtype=torch.float32, device=self.device) for key in KEYS}
+        if not n_real or not n_fake:
             raise RuntimeError(
-                f"GICDM needs real and generated features; got {n_real} real and {n_fake} generated batches"
+                f"GICDM needs real and generated features; got {n_real} real and {n_fake} generated feature vectors"
                 " (call update(x, real=True) and update(x, real=False))"
             )
         real, fake = dim_zero_cat(self.real_features), dim_zero_cat(self.fake_features)

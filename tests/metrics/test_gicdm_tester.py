@@ -134,20 +134,30 @@ def test_reset_keeps_the_reals_only_when_asked_and_always_drops_the_fakes(reset_
 
 
 @pytest.mark.parametrize(
-    ("reset_real_features", "with_reals", "real"),
-    [(False, True, True), (True, True, False), (False, False, False)],
-    ids=["real_batch", "reals_not_kept", "no_reals_yet"],
+    ("reset_real_features", "reals_first", "batch_is_real"),
+    [(True, True, False), (False, False, False), (True, True, True), (False, True, True)],
+    ids=["reals_not_kept", "no_reals_yet", "real_batch", "real_batch_with_kept_reals"],
 )
-def test_forward_without_kept_reals_or_with_reals_is_refused_before_touching_the_state(
-    reset_real_features, with_reals, real
+def test_forward_of_a_one_sided_batch_is_nan_warns_once_and_the_accumulated_state_survives(
+    reset_real_features, reals_first, batch_is_real
 ):
-    """Its batch value needs kept reals and a generated batch; before, it reset the state and then failed."""
+    """A batch state without reals or without generated features has no value: NaN for every key, one warning per
+    metric. torchmetrics has reset the accumulated state before computing it, so raising there used to lose it."""
     reals, fakes = data(6)
+    first, more = reals[:80], reals[80:]  # a real batch adds `more`; a generated batch adds fakes[1], fakes[2]
     metric = GICDM(k=K, reset_real_features=reset_real_features)
-    if with_reals:
-        metric.update(reals, real=True)
+    if reals_first:
+        metric.update(first, real=True)
     metric.update(fakes[0], real=False)
-    before = (n_real(metric), len(metric.fake_features))
-    with pytest.raises(RuntimeError, match="forward scores a batch of generated inputs against real features kept"):
-        metric(fakes[1], real=real)
-    assert (n_real(metric), len(metric.fake_features)) == before
+    batches = [(more, True)] if batch_is_real else [(fakes[1], False), (fakes[2], False)]
+    with pytest.warns(UserWarning, match="forward got a batch state with") as record:
+        outs = [metric(x, real=real) for x, real in batches]
+    assert len([w for w in record if "forward got a batch state" in str(w.message)]) == 1
+    assert all(set(out) == set(KEYS) | {"approx_graph"} and all(v.isnan() for v in out.values()) for out in outs)
+    if not reals_first:
+        metric.update(first, real=True)
+    seen_reals = torch.cat([first, more]) if batch_is_real else first
+    seen_fakes = torch.cat(fakes[:1] if batch_is_real else fakes)
+    assert n_real(metric) == len(seen_reals)  # with kept reals, the batch's new reals are added once
+    assert sum(int(t.shape[0]) for t in metric.fake_features) == len(seen_fakes)
+    assert floats(metric.compute(), PRDC) == pytest.approx(reference(seen_reals, seen_fakes), abs=1e-6)
