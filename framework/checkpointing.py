@@ -158,21 +158,31 @@ def load_checkpoint_file(path: str | Path) -> dict[str, Any]:
 
 
 def newest_finite_checkpoint(paths: Iterable[Path], max_step: int | None = None,
-                             exclude: Iterable[int] = (), prefer: str = "last.ckpt") -> Path | None:
+                             exclude: Iterable[int] = (), prefer: str = "last.ckpt",
+                             skipped: list[tuple[Path, str]] | None = None) -> Path | None:
     """Of `paths`, the checkpoint from the highest step (≤ `max_step`, not in `exclude`) whose weights and optimizer
     state are all finite; at equal steps the newest file, `prefer` first. None if there is none. Steps are read
-    with `mmap` (no tensor is read until a candidate is checked); unreadable files are skipped."""
+    with `mmap` (no tensor is read until a candidate is checked); unreadable files are skipped. `skipped`, when
+    given, receives (path, why) for each damaged or non-finite file passed over on the way to the answer."""
     found, excluded = [], set(exclude)
+    note = skipped.append if skipped is not None else (lambda _: None)
     for path in paths:
         try:
-            step = int(read_checkpoint(path, mmap=True).get("global_step", -1))
+            raw = read_checkpoint(path, mmap=True)
         except CheckpointError:
-            continue  # a damaged file is no resume point
+            note((path, "cannot be read (truncated, corrupt, or not a torch checkpoint)"))  # no resume point
+            continue
+        if "state_dict" not in raw:
+            note((path, "is not a Lightning checkpoint (no 'state_dict' entry)"))
+            continue
+        step = int(raw.get("global_step", -1))
         if 0 <= step and (max_step is None or step <= max_step) and step not in excluded:
             found.append((step, path.name == prefer, path.stat().st_mtime, path))
     for *_, path in sorted(found, key=lambda f: f[:3], reverse=True):
-        if not checkpoint_non_finite(load_checkpoint_file(path))[0]:
+        bad = checkpoint_non_finite(load_checkpoint_file(path))[0]
+        if not bad:
             return path
+        note((path, f"holds NaN/inf in {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}"))
     return None
 
 

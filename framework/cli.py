@@ -4,15 +4,63 @@ setting keys get a did-you-mean over the keys that exist there, and values of th
 from __future__ import annotations
 
 import difflib
-import os
+import shlex
 import sys
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 
+from framework.env import check_environment, smoke_requested
 from framework.errors import BadSettingError, UnknownNameError
 from framework.preflight import preflight
 from framework.registry import GROUPS
+
+#: Hydra's flags that take the next word as their value (`--info` and `--cfg` only when it is one of their choices)
+_FLAG_VALUES = {"-cp": None, "--config-path": None, "-cn": None, "--config-name": None, "-cd": None,
+                "--config-dir": None, "-p": None, "--package": None, "--experimental-rerun": None,
+                "-c": ("job", "hydra", "all"), "--cfg": ("job", "hydra", "all"),
+                "-i": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath"),
+                "--info": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")}
+
+
+def overrides_of(argv: list[str]) -> list[str]:
+    """The words of `argv` Hydra reads as overrides: every word that is not a flag or a flag's value."""
+    words, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg.startswith("-"):
+            choices = _FLAG_VALUES.get(arg, ())
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            skip = nxt is not None and (choices is None or nxt in choices)
+            continue
+        words.append(arg)
+    return words
+
+
+def check_parses(argv: list[str]) -> None:
+    """BadSettingError, before anything runs, for an override Hydra's grammar refuses; the message shows the word and
+    how to quote it (a value with a space that the shell split in two is the usual cause)."""
+    words = overrides_of(argv)
+    parser = OverridesParser.create()
+    for i, word in enumerate(words):
+        try:
+            parser.parse_overrides([word])
+        except OverrideParseException as err:
+            lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+            reason = "; ".join(ln for ln in lines if not ln.startswith(("Error parsing override", "See "))) or (
+                "not in Hydra's override grammar")
+            prev = words[i - 1] if i and "=" in words[i - 1] and "=" not in word else None
+            if prev:  # `key=/my runs/a` typed unquoted: the shell made two words of it
+                key, _, value = prev.partition("=")
+                fix = shlex.quote(f"{key}={value} {word}")
+                hint = f"a value with a space must reach the program as one word: quote it, e.g. {fix}"
+            else:
+                key, _, value = word.partition("=")
+                fix = f"\"{key}='{value}'\"" if "=" in word else f"{word}=VALUE"
+                hint = f"every override is key=value; quote a value with special characters, e.g. {fix}"
+            raise BadSettingError(f"cannot parse the override {word!r} ({reason}): {hint}") from None
 
 
 def check_choices(argv: list[str]) -> None:
@@ -101,12 +149,14 @@ def check_command_line(argv: list[str], config_name: str = "train") -> list[str]
     (`framework.recipe.smoke_overrides`)."""
     from framework.recipe import fit_to_choices, smoke_overrides
 
+    check_environment()
+    check_parses(argv)
     check_choices(argv)  # names first: an unknown choice gets its did-you-mean
     for note in fit_to_choices(argv):
         print(f"note: {note}", file=sys.stderr)
     check_choices(argv)
     check_settings(argv, config_name)
-    if os.environ.get("FRAMEWORK_SMOKE", "0") not in ("", "0"):
+    if smoke_requested():
         # just before the command's own overrides: Hydra takes overrides as one unbroken run of words
         at = next((i for i, a in enumerate(argv) if "=" in a and not a.startswith("-")), len(argv))
         argv = argv[:at] + smoke_overrides(argv) + argv[at:]

@@ -17,7 +17,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -43,9 +43,18 @@ def preflight(argv: list[str], config_name: str = "train") -> None:
         check_job(job, config_name, multirun)
 
 
-def run_dir_of(argv: list[str], config_name: str = "train") -> tuple[Path, str] | None:
-    """Where the run `argv` describes writes (its run dir, or a sweep's dir) and the setting that names it; None for
-    a command that runs nothing (`--cfg`, `--help`, ...) or a config Hydra cannot compose (it reports that)."""
+class RunTarget(NamedTuple):
+    """Where a run writes (its run dir, or a sweep's dir), the setting that names it, and what it resumes from."""
+
+    path: Path
+    key: str  # "hydra.run.dir" | "hydra.sweep.dir"
+    ckpt_path: str | None
+    multirun: bool
+
+
+def run_dir_of(argv: list[str], config_name: str = "train") -> RunTarget | None:
+    """Where the run `argv` describes writes; None for a command that runs nothing (`--cfg`, `--help`, ...) or a
+    config Hydra cannot compose (it reports that)."""
     from hydra.core.hydra_config import HydraConfig
 
     if NO_RUN_FLAGS.intersection(argv):
@@ -56,7 +65,9 @@ def run_dir_of(argv: list[str], config_name: str = "train") -> tuple[Path, str] 
     if cfg is None:
         return None
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    return Path(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir)), key
+    ckpt_path = cfg.get("ckpt_path")
+    return RunTarget(Path(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir)), key,
+                     None if ckpt_path is None else str(ckpt_path), multirun)
 
 
 def _jobs(overrides: list[str]) -> Iterator[list[str]]:
@@ -154,8 +165,9 @@ def check_ckpt_path(ckpt_path: str, lm: Any, run_dir: Path) -> None:
             load_checkpoint_file(ckpt_path)
     except (InputError, CheckpointError) as err:
         message = str(err) if str(err).startswith("ckpt_path=") else f"ckpt_path={ckpt_path}: {err}"
-        raise PreflightError(f"{message} (give a .ckpt file, e.g. outputs/train/<date>_<time>/checkpoints/last.ckpt,"
-                             " or ckpt_path=auto to resume from the run dir's newest checkpoint)") from None
+        hint = "" if ckpt_path == AUTO else (" (give a .ckpt file, e.g. outputs/train/<date>_<time>/checkpoints/"
+                                             "last.ckpt, or ckpt_path=auto to resume from the run dir's newest one)")
+        raise PreflightError(message + hint) from None
 
 
 def check_run_dir(run_dir: Path, key: str = "hydra.run.dir") -> None:

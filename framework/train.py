@@ -23,7 +23,8 @@ from framework.errors import report_and_exit
 from framework.pipeline import train
 from framework.preflight import run_dir_of
 from framework.recipe import searchpath_folders
-from framework.run_lock import run_dir_lock
+from framework.resume import check_start
+from framework.run_lock import launch_rank, run_dir_lock
 from framework.strategies import FSDP2Strategy  # noqa: F401 - importing it registers `trainer.strategy=fsdp2`
 
 
@@ -43,11 +44,13 @@ def main() -> None:
     report_and_exit(register_app, searchpath_folders(sys.argv[1:]))  # a YAML recipe that does not parse: exit 2
     sys.argv[1:] = report_and_exit(check_command_line, sys.argv[1:])
     where = run_dir_of(sys.argv[1:])
-    if where and where[1] == "hydra.run.dir" and not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
-        sys.argv.append(f"hydra.run.dir={where[0]}")  # the dir the lock holds, not one a second later's clock names
+    if where and not where.multirun and not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
+        sys.argv.append(f"hydra.run.dir={where.path}")  # the dir the lock holds, not one a second later's clock names
     with contextlib.ExitStack() as held:
         if where:  # one run per run dir: a second one is refused here (exit 2), before Hydra writes anything
-            report_and_exit(held.enter_context, run_dir_lock(*where))
+            report_and_exit(held.enter_context, run_dir_lock(where.path, where.key))
+            if launch_rank() == 0:  # and a fresh start never replaces a run the dir holds (exit 2, nothing written)
+                report_and_exit(check_start, where.path, where.ckpt_path, where.key, where.multirun)
         task.hydra_main(config_name="train", config_path=None, version_base="1.3")
 
 

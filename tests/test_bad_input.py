@@ -378,3 +378,46 @@ def test_a_neighbourhood_size_is_checked_against_the_evaluation_sets_real_sizes(
     line = _refused(["recipe=gicdm_eval", override, f"hydra.run.dir={run_dir}"], capsys)
     assert re.fullmatch(f"error: {expected}", line), line
     assert not run_dir.exists()
+
+
+# -- the environment, the override grammar, an empty metrics input: one line, exit 2, nothing written ----------
+@pytest.mark.parametrize(("env", "words", "expected"), [
+    ({"FRAMEWORK_NS_DTYPE": "fp16"}, [],
+     "error: FRAMEWORK_NS_DTYPE='fp16' is invalid: valid: bfloat16, float32 (or unset: measured per device)"),
+    ({"FRAMEWORK_SMOKE": "yes"}, [],
+     "error: FRAMEWORK_SMOKE='yes' is not a valid value: valid: 0, 1 (1 runs the command at size=smoke), or unset"),
+    ({}, ["hydra.run.dir={tmp}/my", "runs/a"],  # `hydra.run.dir=/tmp/my runs/a`, typed without quotes
+     "error: cannot parse the override 'runs/a' (missing EQUAL at '<EOF>'): a value with a space must reach the"
+     " program as one word: quote it, e.g. 'hydra.run.dir={tmp}/my runs/a'"),
+], ids=["ns_dtype", "smoke", "unquoted_space"])
+def test_a_bad_environment_variable_or_an_unparsable_override_is_one_line_exit_2_and_no_run_dir(
+        env, words, expected, tmp_path):
+    args = [w.format(tmp=tmp_path) for w in words] or [f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run([sys.executable, "-m", "framework.train", "recipe=char_lm", *SMOKE["char_lm"], *args],
+                          capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+    assert proc.returncode == 2 and proc.stderr.strip() == expected.format(tmp=tmp_path), proc.stderr[-3000:]
+    assert list(tmp_path.iterdir()) == []  # no run dir, not even the part before the space
+
+
+def test_metrics_on_an_empty_feature_set_names_the_sizes_and_what_k_needs(tmp_path):
+    import numpy as np
+
+    np.save(tmp_path / "real.npy", np.zeros((0, 4), dtype=np.float32))
+    np.save(tmp_path / "fake.npy", np.ones((20, 4), dtype=np.float32))
+    proc = subprocess.run([sys.executable, "-m", "framework.metrics", str(tmp_path / "real.npy"),
+                           str(tmp_path / "fake.npy")], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-3000:]
+    assert proc.stderr.strip() == ("error: k=5 needs at least 6 real and 6 fake points; got 0 real and 20 fake (a set"
+                                   " of fewer than 2 points has no neighbours)")
+
+
+@pytest.mark.parametrize(("argv", "overrides"), [
+    (["recipe=char_lm", "--cfg", "job", "seed=1"], ["recipe=char_lm", "seed=1"]),
+    (["-cn", "train", "-m", "a=1,2", "--info", "defaults", "b=2"], ["a=1,2", "b=2"]),
+    (["--info", "c=3"], ["c=3"]),
+])
+def test_the_override_check_reads_the_words_hydra_reads_as_overrides(argv, overrides):
+    from framework.cli import overrides_of
+
+    assert overrides_of(argv) == overrides

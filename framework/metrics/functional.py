@@ -142,6 +142,9 @@ def _checked_features(real: Any, fake: Any, k: int, o: PRDCOptions) -> tuple[Ten
     if real.shape[1] != fake.shape[1]:
         raise ValueError(f"real features have {real.shape[1]} dims but fake features have {fake.shape[1]}")
     n, m = real.shape[0], fake.shape[0]
+    if min(n, m) < 2:
+        raise ValueError(f"k={k} needs at least {k + 1} real and {k + 1} fake points; got {n} real and {m} fake"
+                         " (a set of fewer than 2 points has no neighbours)")
     if not 0 < k < min(n, m):
         raise ValueError(f"k={k} must be in 1..{min(n, m) - 1} (fewer than the {n} real and {m} fake points)")
     if not o.filter_scales or min(o.filter_scales) < 1 or not 0 < o.filter_quantile <= 1:
