@@ -66,7 +66,8 @@ def newton_schulz5(
         X = X.mT
     norm = X.norm(dim=(-2, -1), keepdim=True) + eps
     X = X.div_(norm) if own else X / norm  # in place only on our own cast copy, never on the caller's G
-    # addmm/baddbmm fuse a·X + B·X the same way torch.optim.Muon does, so the two agree bit for bit in bf16
+    # addmm/baddbmm fuse a·X + B·X the same way torch.optim.Muon does: from the same normalised X the two agree
+    # bit for bit in bf16 (the norm is taken our own way, over two dims + eps: it may round differently)
     mm = torch.addmm if X.ndim == 2 else torch.baddbmm
     s, n = X.shape[-2:]
     for k in range(steps):
@@ -173,15 +174,22 @@ def orthogonalize(
 
 
 def sign_norm(q: Tensor) -> Tensor:
-    """‖q‖_F in fp32 for q with entries in {−1, 0, 1} (any float dtype): the same number as
-    `vector_norm(q, dtype=torch.float32)`, without that call's fp32 copy of q. |q| is summed over 256 rows in q's
-    own dtype (every partial count is an integer ≤ 256, exact even in bf16), those column counts in fp32; an integer
-    q (int8 off the DDP wire) is counted directly. Exact counts: equal to `vector_norm` up to 2^24 entries."""
+    """‖q‖_F in fp32 for q with entries in {−1, 0, 1} (any dtype): √(count of nonzeros), correctly rounded, without
+    the fp32 copy of q that `vector_norm(q, dtype=torch.float32)` makes (that call agrees within 1 ulp). |q| is summed
+    over 256 rows in q's own dtype (every partial count is an integer ≤ 256, exact even in bf16), those column counts
+    in fp32; an integer q (int8 off the DDP wire) is counted directly. Exact up to 2^24 entries."""
     if not q.is_floating_point():
-        return torch.count_nonzero(q).to(torch.float32).sqrt()
+        return _root(torch.count_nonzero(q))
     flat = q.reshape(-1) if q.is_contiguous() else q.mT.reshape(-1)  # a transposed view flattens without a copy
     n = flat.numel() // 256 * 256
     count = flat[:n].view(256, -1).abs().sum(0).sum(dtype=torch.float32)
     if n < flat.numel():
         count = count + flat[n:].abs().float().sum()  # < 256 entries
-    return count.sqrt()
+    return _root(count)
+
+
+def _root(count: Tensor) -> Tensor:
+    """The fp32 √ of an integer count < 2^24, correctly rounded on every CPU: torch's fp32 sqrt is not (1 ulp off for
+    about 1 in 5 such integers on an AMD EPYC), while √n lies ≥ 4 fp64 ulps from every fp32 rounding midpoint, so
+    the fp64 root rounds to the right fp32 value."""
+    return count.to(torch.float64).sqrt().to(torch.float32)

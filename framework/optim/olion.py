@@ -339,7 +339,7 @@ class OLion(torch.optim.Optimizer):
             scale = scale * (0.2 * math.sqrt(max(d_out, d_in)))
         local = p.to_local() if is_dtensor(p) else p
         local.mul_(1 - group["lr"] * group["weight_decay"])
-        if fused:  # q·scale is exact for q in {−1, 0, 1}: one pass, bit for bit the unfused update (tested)
+        if fused:  # q·scale is exact for q in {−1, 0, 1}: one pass, the unfused update up to rounding lr·scale (tested)
             local.addcmul_(q.reshape(p.shape), scale, value=-group["lr"])
             return
         local.add_(shard_of((q.to(dtype) * scale).reshape(p.shape), p, rank, world), alpha=-group["lr"])

@@ -69,10 +69,15 @@ def test_ns5_is_invariant_to_positive_rescaling_of_its_input(c):
     assert (newton_schulz5(c * g, dtype=torch.float32) - ref).abs().max() <= 1e-5
 
 
-def test_ns5_matches_torch_optim_muon_bit_for_bit_in_bf16():
+def test_ns5_runs_torch_optim_muons_iteration_bit_for_bit_in_bf16():
     muon_ns = pytest.importorskip("torch.optim._muon")._zeropower_via_newtonschulz
     for shape in [(96, 64), (64, 96)]:
-        g = torch.randn(*shape, generator=torch.Generator().manual_seed(5))
+        gen = torch.Generator().manual_seed(5)
+        # the two take the Frobenius norm differently (ours over dims (-2, -1) plus eps, theirs whole and clamped), so
+        # on a Gaussian G it may round apart on some CPU. Signs with 4096 nonzeros have ‖G‖_F = 64 in any summation
+        # order: both divide by exactly 64, then run the same addmm/matmul calls on the same bf16 X
+        g = torch.randn(*shape, generator=gen).sign()
+        g.view(-1)[torch.randperm(g.numel(), generator=gen)[:2048]] = 0
         theirs = muon_ns(g, (3.4445, -4.7750, 2.0315), 5, 1e-7)
         assert torch.equal(newton_schulz5(g), theirs)
 

@@ -280,12 +280,21 @@ def pre_change_olion_update(p: torch.Tensor, st: dict[str, Any], o: dict[str, An
     q = newton_schulz5(c.reshape(p.shape[0], -1), steps=o["ns_steps"], dtype=o["ns_dtype"] or torch.float32)
     q = torch.sign(q) if o["sign"] else q
     u, scale = q.to(torch.promote_types(p.dtype, torch.float32)), 1.0
+    fused = o["sign"] and o["use_scale"]
     if o["use_scale"]:
-        scale = math.sqrt(min(q.shape)) / (u.norm() + o["eps"])
+        norm = u.norm()
+        if fused and u.dtype == torch.float32:  # √(nonzero count) correctly rounded, as `sign_norm` takes it (math.sqrt
+            # then fp32 is, for counts < 2^24); u.norm() takes its own root, within 1 ulp of that
+            norm = torch.tensor(math.sqrt(int(torch.count_nonzero(u))), dtype=torch.float32)
+        scale = math.sqrt(min(q.shape)) / (norm + o["eps"])
     if o["rms_scale"]:
         scale = scale * (0.2 * math.sqrt(max(q.shape)))
     p.mul_(1 - o["lr"] * o["weight_decay"])
-    p.add_((u * scale).reshape(p.shape), alpha=-o["lr"])
+    if fused:  # the pre-change add_(u·scale, alpha=−lr) as OLion's one pass applies it: the same product and sum
+        # (u·scale is exact) in another kernel, which may round lr·scale apart (test_ns_paths holds them within that)
+        p.addcmul_(u.reshape(p.shape), scale, value=-o["lr"])
+    else:
+        p.add_((u * scale).reshape(p.shape), alpha=-o["lr"])
 
 
 def pre_change_adamw_update(p: torch.Tensor, st: dict[str, Any], o: dict[str, Any]) -> None:

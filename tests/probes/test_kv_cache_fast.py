@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_greedy_up_to_rounding
 
 from framework.models.transformer import TransformerLM
 from framework.probes.kv_cache import MixedKVCache, decode, decode_uncached
@@ -137,7 +138,8 @@ def test_greedy_tokens_match_the_previous_decode_path_far_past_the_window(kv_hea
 def test_with_every_head_full_the_tokens_match_the_uncached_model_over_many_steps():
     model = sharp_model(2)
     prompt = torch.randint(0, 20, (16, 5), generator=torch.Generator().manual_seed(8))
-    assert torch.equal(decode(model, prompt, 90), decode_uncached(model, prompt, 90))
+    for tokens in (decode(model, prompt, 90), decode_uncached(model, prompt, 90)):  # another kernel: up to rounding
+        assert_greedy_up_to_rounding(model, prompt, tokens)
 
 
 def test_chunked_prompts_then_decoding_match_the_previous_path():
