@@ -13,7 +13,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-KINDS = {"recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2"}
+KINDS = {"recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2", "draws"}
 
 
 def gpu_check(*args: str) -> subprocess.CompletedProcess:

@@ -3,7 +3,9 @@
 recipes: every recipe at size=smoke in bf16-mixed (`framework.train` subprocesses); flagship:
 tools/experiments/mask_agnostic.py --size gpu, steps capped; newton_schulz: sign(NS5(G)) in bf16 / fp32 vs float64;
 kv_decode: tools/bench/kv_cache.py's decode on the device plus a cache-correctness check; fsdp2: char_lm under
-trainer.strategy=fsdp2 on one device. A failing check is a row with ok = no and its last error line; exit 1 if any.
+trainer.strategy=fsdp2 on one device; draws: every kind of seeded draw in framework/ with a generator on the device
+and on the CPU (mdlm_mask_agnostic's recipe check also needs its extra loss to have run). A failing check is a row
+with ok = no and its last error line; exit 1 if any.
 
     python tools/gpu_check.py                            # on a lent GPU; the table also goes to runs/gpu_check/table.md
     python tools/gpu_check.py --device cpu --reduced     # the CPU-sized variant (about a minute on 2 cores)
@@ -35,8 +37,11 @@ import kv_cache as bench  # noqa: E402  (tools/bench/kv_cache.py: its model, win
 from framework.optim.newton_schulz import newton_schulz5  # noqa: E402
 from framework.probes.kv_cache import MixedKVCache, kv_fraction, theoretical_speedup  # noqa: E402
 
-CHECKS = ["recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2"]
+CHECKS = ["recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2", "draws"]
 REDUCED_RECIPES = ["char_lm", "data_agent_digits"]
+#: a metric a recipe's results must hold: the part the check is for ran (the flagship's extra loss starts at step 2
+#: of 4 at size=smoke, drawing on the step's generator on the device)
+NEEDS = {"mdlm_mask_agnostic": "train/extra_loss"}
 FLAGSHIP_STEPS = (2000, 300)  # of --size gpu's 6000 pretraining + 500 per arm: what fits next to the other checks
 NS_SHAPES = [(384, 384), (768, 384), (1536, 384), (384, 1536)]  # tools/bench/optimizers.py's d=384 hidden matrices
 NS_FLOOR = {torch.float32: 0.999, torch.bfloat16: 0.99}  # least sign agreement with float64 that passes
@@ -99,8 +104,9 @@ def run_cmd(cmd: list[str], plan: Plan, run_dir: Path) -> None:
         raise RuntimeError(f"exit {proc.returncode}: {last_error_line(output)}")
 
 
-def train_check(name: str, overrides: list[str], plan: Plan, marker: str = "") -> str:
-    """`python -m framework.train` at size=smoke, bf16-mixed, on the device; its results.json must be finite."""
+def train_check(name: str, overrides: list[str], plan: Plan, marker: str = "", metric: str | None = None) -> str:
+    """`python -m framework.train` at size=smoke, bf16-mixed, on the device; its results.json must be finite (and hold
+    `metric`, where a recipe's check needs a part of it to have run)."""
     run_dir = plan.out / name
     accel = "gpu" if plan.cuda else "cpu"
     run_cmd([sys.executable, "-m", "framework.train", *overrides, "size=smoke", "trainer.precision=bf16-mixed",
@@ -111,6 +117,8 @@ def train_check(name: str, overrides: list[str], plan: Plan, marker: str = "") -
     bad = [k for k, v in metrics.items() if not math.isfinite(v)]
     if not metrics or bad:
         raise RuntimeError(f"non-finite metrics: {bad}" if bad else "results.json holds no metrics")
+    if metric and metric not in metrics:
+        raise RuntimeError(f"results.json lacks {metric}: that part of the recipe did not run")
     log = (run_dir / "train.log").read_text()
     for needed in ["used: True"] * plan.cuda + [marker] * bool(marker):  # "GPU available: True (cuda), used: True"
         if needed not in log:
@@ -228,6 +236,37 @@ def check_kv_decode(plan: Plan) -> str:
     return f"L={lengths[-1]} b={batches[-1]}: {speed}; cache vs masked forward max |dlogit| {error:.1e}"
 
 
+def check_draws(plan: Plan) -> str:
+    """Every kind of draw that takes a generator (framework/rng.py), driven by a generator on the device and by a CPU
+    one, on the device's tensors: each runs and leaves its result on the tensors' device."""
+    from framework.diffusion.sampling import gumbel_norm
+    from framework.grow.ops import noisy_copy
+    from framework.losses.mask_agnostic import MaskAgnosticLoss
+    from framework.losses.mdlm import mask_tokens, stratified_times
+    from framework.probes.kv_cache import _pick
+    from framework.samplers.policies import gumbel_top_k
+
+    dev = torch.device(plan.device)
+    tokens, logits = torch.randint(0, 9, (4, 16), device=dev), torch.randn(4, 32, device=dev)
+    loss = MaskAgnosticLoss(mask_id=10, pad_id=11, k_max=8, k_sampling="per_example", partial_target_prob=0.5)
+    draws = {
+        "mask_tokens": lambda g: mask_tokens(tokens, 0.5, 10, g),
+        "stratified_times": lambda g: stratified_times(4, generator=g, device=dev),
+        "mask_agnostic.sample_k2": lambda g: loss.sample_k2(4, g, dev),
+        "mask_agnostic.reveal": lambda g: loss._reveal(tokens, g),
+        "gumbel_norm": lambda g: gumbel_norm((4, 16), g, dev),
+        "kv_cache.pick": lambda g: _pick(logits, 1.0, g),
+        "noisy_copy": lambda g: noisy_copy(logits, 0.1, g),
+        "gumbel_top_k": lambda g: gumbel_top_k(logits[0], 5, 1.0, g),
+    }
+    for where in sorted({"cpu", dev.type}):
+        for name, draw in draws.items():
+            out = draw(torch.Generator(device=where).manual_seed(0))
+            if out.device.type != dev.type:
+                raise RuntimeError(f"{name} with a {where} generator left its result on {out.device}, not {dev}")
+    return f"{len(draws)} draws x generator on {' and '.join(sorted({'cpu', dev.type}))}: results on {dev}"
+
+
 def guarded(check: str, setting: str, fn: Callable[[], str]) -> Row:
     """Run one check; any failure becomes a row with ok = no and its last error line."""
     start = time.perf_counter()
@@ -254,6 +293,7 @@ def settings(plan: Plan) -> dict[str, str]:
                          f"{torch.get_float32_matmul_precision()}, {plan.device}" + ("" if plan.cuda else ", 1 thread"),
         "kv_decode": f"tools/bench/kv_cache.py's model, fp32, {plan.device}" + ("" if plan.cuda else ", 1 thread")
                      + (" (reduced: L 128/512, batch 1, 4 steps)" if plan.reduced else "") + "; table kv_decode.md",
+        "draws": f"every kind of seeded draw in framework/, generators on cpu and {plan.device}",
         "fsdp2": "char_lm smoke, strategy=fsdp2, bf16-mixed, " + (
             "1 GPU, nccl" if plan.cuda else "1 CPU rank over gloo (the CPU stand-in for 1 GPU over NCCL)"),
     }
@@ -274,7 +314,7 @@ def run_all(plan: Plan, args: argparse.Namespace) -> list[Row]:
     text, rows = settings(plan), {name: [] for name in CHECKS}
     if not plan.cuda:
         torch.set_num_threads(1)  # as tools/bench does: spinning threads on busy cores swamp these timings
-    for name, fn in (("newton_schulz", check_newton_schulz), ("kv_decode", check_kv_decode)):
+    for name, fn in (("newton_schulz", check_newton_schulz), ("kv_decode", check_kv_decode), ("draws", check_draws)):
         if name in args.checks:
             rows[name].append(guarded(name, text[name], lambda fn=fn: fn(plan)))
     if plan.cuda and torch.cuda.is_available():
@@ -286,7 +326,7 @@ def run_all(plan: Plan, args: argparse.Namespace) -> list[Row]:
         names = guarded("recipes", text["recipes"], lambda: " ".join(recipe_names(args)))
         if not names.ok:
             rows["recipes"].append(names)
-        jobs += [("recipes", f"recipes/{n}", lambda n=n: train_check(n, [f"recipe={n}"], plan))
+        jobs += [("recipes", f"recipes/{n}", lambda n=n: train_check(n, [f"recipe={n}"], plan, metric=NEEDS.get(n)))
                  for n in (names.result.split() if names.ok else [])]
     if "fsdp2" in args.checks:
         backend = f"distributed_backend={'nccl' if plan.cuda else 'gloo'}"

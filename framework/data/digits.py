@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from framework.data.resumable import SplitData, check_batches
+from framework.rng import draw_device
 
 
 class ArrayDataset(Dataset):
@@ -38,8 +39,8 @@ def corrupt_labels(y: Tensor, fraction: float, num_classes: int, generator: torc
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"label_noise={fraction} must lie in [0, 1)")
     y = y.clone()
-    chosen = torch.randperm(y.numel(), generator=generator)[: int(fraction * y.numel())]
-    shift = torch.randint(1, num_classes, (chosen.numel(),), generator=generator)
+    chosen = torch.randperm(y.numel(), generator=generator, device=draw_device(generator))[: int(fraction * y.numel())]
+    shift = torch.randint(1, num_classes, (chosen.numel(),), generator=generator, device=draw_device(generator))
     y[chosen] = (y[chosen] + shift) % num_classes
     mask = torch.zeros(y.numel(), dtype=torch.bool)
     mask[chosen] = True
@@ -79,7 +80,7 @@ class _ArrayData(SplitData):
             return
         x, y = self.arrays()
         g = torch.Generator().manual_seed(int(self.seed))
-        order = torch.randperm(y.numel(), generator=g)
+        order = torch.randperm(y.numel(), generator=g, device=g.device)
         n_test, n_val = int(self.test_fraction * y.numel()), int(self.val_fraction * y.numel())
         test, val, train = order[:n_test], order[n_test : n_test + n_val], order[n_test + n_val :]
         x_train, x_val, x_test = self.normalise(x[train], x[val], x[test])
@@ -117,7 +118,7 @@ class DigitsData(_ArrayData):
         x = torch.tensor(data.data, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
         if self.pixel_noise:
             g = torch.Generator().manual_seed(int(self.seed) + 1)
-            x = x + self.pixel_noise * torch.randn(x.shape, generator=g)
+            x = x + self.pixel_noise * torch.randn(x.shape, generator=g, device=g.device)
         return x, torch.tensor(data.target, dtype=torch.long)
 
 

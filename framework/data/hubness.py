@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 def gaussian_pair(n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
+    return torch.randn(n, d, generator=g, device=g.device), torch.randn(n, d, generator=g, device=g.device)
 
 
 def shifted_pair(n: int, d: int, shift: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,7 +40,7 @@ def ood_pair(n: int, d: int, p: float, seed: int) -> tuple[torch.Tensor, torch.T
     real, fake = gaussian_pair(n, d, seed)
     g = torch.Generator().manual_seed(seed + 1)
     bad = round(p * n)
-    fake[:bad] *= (10 + torch.randn(bad, 1, generator=g)).clamp(min=2)
+    fake[:bad] *= (10 + torch.randn(bad, 1, generator=g, device=g.device)).clamp(min=2)
     return real, fake
 
 
@@ -52,13 +52,13 @@ def digits_pair(keep: int, noise_dims: int, sigma: float, seed: int) -> tuple[to
     x = torch.tensor(data.data, dtype=torch.float32) / 16
     y = torch.tensor(data.target)
     g = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(x), generator=g)
+    order = torch.randperm(len(x), generator=g, device=g.device)
     real_idx, fake_idx = order[: len(x) // 2], order[len(x) // 2 :]
     fake_idx = fake_idx[y[fake_idx] < keep]
     real, fake = x[real_idx], x[fake_idx]
     if noise_dims:
-        real = torch.cat([real, sigma * torch.randn(len(real), noise_dims, generator=g)], 1)
-        fake = torch.cat([fake, sigma * torch.randn(len(fake), noise_dims, generator=g)], 1)
+        real = torch.cat([real, sigma * torch.randn(len(real), noise_dims, generator=g, device=g.device)], 1)
+        fake = torch.cat([fake, sigma * torch.randn(len(fake), noise_dims, generator=g, device=g.device)], 1)
     return real, fake
 
 
@@ -141,7 +141,8 @@ class HubnessSweep(L.LightningDataModule):
             from sklearn.datasets import load_digits
 
             y = torch.tensor(load_digits().target)
-            order = torch.randperm(len(y), generator=torch.Generator().manual_seed(1000 * (self.seed or 0)))
+            g = torch.Generator().manual_seed(1000 * (self.seed or 0))
+            order = torch.randperm(len(y), generator=g, device=g.device)
             fake = y[order[len(y) // 2:]]
             sizes += [int((fake < keep).sum()) for keep in self.digit_classes] + [len(y) // 2]
         return min(sizes)

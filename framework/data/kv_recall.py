@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from framework.data.needle import RetrievalData, masked_eval_batch, slot_rows
+from framework.rng import draw_device
 
 PAD, MASK, BOS, SEP, EOS = range(5)
 FIRST_KEY = 5  # keys are FIRST_KEY .. FIRST_KEY + n_keys - 1; values follow them
@@ -48,8 +49,9 @@ def kv_prompts(
     if slots.numel() and (slots.min() < 0 or slots.max() >= n_pairs):
         raise ValueError(f"slots must lie in [0, {n_pairs - 1}], got {slots.unique().tolist()}")
     n = slots.shape[0]
-    keys = torch.rand(n, n_keys, generator=generator).argsort(dim=1)[:, :n_pairs] + FIRST_KEY
-    values = torch.randint(0, n_values, (n, n_pairs), generator=generator) + FIRST_KEY + n_keys
+    where = draw_device(generator)
+    keys = torch.rand(n, n_keys, generator=generator, device=where).argsort(dim=1)[:, :n_pairs] + FIRST_KEY
+    values = torch.randint(0, n_values, (n, n_pairs), generator=generator, device=where) + FIRST_KEY + n_keys
     rows = torch.arange(n)
     pairs = torch.stack([keys, values], dim=2).flatten(1)  # k1 v1 k2 v2 ...
     query = keys[rows, slots]
@@ -70,9 +72,9 @@ def kv_rows(
     Keys: tokens, attention_mask (True = real), prompt_mask (True = prompt), slot, value, length.
     """
     _check(n_pairs, n_keys, n_values, max_eos)
-    slots = torch.randint(0, n_pairs, (n,), generator=generator)
+    slots = torch.randint(0, n_pairs, (n,), generator=generator, device=draw_device(generator))
     made = kv_prompts(slots, generator, n_pairs, n_keys, n_values)
-    eos = torch.randint(0, max_eos + 1, (n,), generator=generator)
+    eos = torch.randint(0, max_eos + 1, (n,), generator=generator, device=draw_device(generator))
     p = prompt_length(n_pairs)
     width = p + 1 + max_eos
     tokens = torch.full((n, width), PAD)

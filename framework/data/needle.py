@@ -17,6 +17,7 @@ from torch import Tensor
 
 from framework.data.resumable import SplitData, check_split_sizes
 from framework.data.rows import GeneratedRows
+from framework.rng import draw_device
 
 PAD, MASK, BOS, SEP, EOS, NDL = range(6)
 FIRST_SYMBOL = 6  # content tokens are FIRST_SYMBOL .. FIRST_SYMBOL + n_symbols - 1
@@ -50,8 +51,10 @@ def needle_prompts(
     if slots.numel() and (slots.min() < 0 or slots.max() >= context_len // 2):
         raise ValueError(f"slots must lie in [0, {context_len // 2 - 1}], got {slots.unique().tolist()}")
     n = slots.shape[0]
-    context = torch.randint(FIRST_SYMBOL, FIRST_SYMBOL + n_symbols, (n, context_len), generator=generator)
-    value = torch.randint(FIRST_SYMBOL, FIRST_SYMBOL + n_symbols, (n,), generator=generator)
+    context = torch.randint(FIRST_SYMBOL, FIRST_SYMBOL + n_symbols, (n, context_len), generator=generator,
+                           device=draw_device(generator))
+    value = torch.randint(FIRST_SYMBOL, FIRST_SYMBOL + n_symbols, (n,), generator=generator,
+                          device=draw_device(generator))
     rows = torch.arange(n)
     context[rows, 2 * slots] = NDL
     context[rows, 2 * slots + 1] = value
@@ -68,9 +71,9 @@ def needle_rows(
     slot, value, length.
     """
     _check(n_symbols, context_len, max_eos)
-    slots = torch.randint(0, context_len // 2, (n,), generator=generator)
+    slots = torch.randint(0, context_len // 2, (n,), generator=generator, device=draw_device(generator))
     made = needle_prompts(slots, generator, n_symbols, context_len)
-    eos = torch.randint(0, max_eos + 1, (n,), generator=generator)
+    eos = torch.randint(0, max_eos + 1, (n,), generator=generator, device=draw_device(generator))
     p = prompt_length(context_len)
     width = p + 3 + max_eos
     v = made["value"][:, None]

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from framework.data.resumable import SplitData, check_split_sizes, train_loader
 from framework.data.rows import GeneratedRows
+from framework.rng import draw_device
 
 PAD, BOS, SEP, EOS = range(4)
 FIRST_SYMBOL = 4
@@ -54,11 +55,12 @@ def chase_rows(n: int, generator: torch.Generator | None = None, n_pairs: int = 
                hops: int | None = None, task: str = "chain", distinct_answers: bool = True) -> Tensor:
     """n rows (n, prompt_length + answer_length) of token ids, right-padded with PAD after EOS."""
     _check(n_pairs, n_symbols, hops, task)
-    symbols = torch.rand(n, n_symbols, generator=generator).argsort(dim=1)[:, :n_pairs] + FIRST_SYMBOL
-    succ = torch.rand(n, n_pairs, generator=generator).argsort(dim=1)  # f(symbols[i]) = symbols[succ[i]]
+    where = draw_device(generator)
+    symbols = torch.rand(n, n_symbols, generator=generator, device=where).argsort(dim=1)[:, :n_pairs] + FIRST_SYMBOL
+    succ = torch.rand(n, n_pairs, generator=generator, device=where).argsort(dim=1)  # f(symbols[i]) = symbols[succ[i]]
     rows = torch.arange(n)
     values = symbols.gather(1, succ)
-    start = torch.randint(0, n_pairs, (n,), generator=generator)
+    start = torch.randint(0, n_pairs, (n,), generator=generator, device=draw_device(generator))
     pairs = torch.stack([symbols, values], dim=2).flatten(1)
     prompt = torch.cat([torch.full((n, 1), BOS), pairs, torch.full((n, 1), SEP), symbols[rows, start, None]], 1)
     width = answer_length(n_pairs, hops, task)

@@ -40,7 +40,7 @@ class EpochSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         if self.shuffle:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            order = torch.randperm(self.n, generator=g)
+            order = torch.randperm(self.n, generator=g, device=g.device)
         else:
             order = torch.arange(self.n)
         shard = order[self.rank : self.per_rank * self.world_size : self.world_size]

@@ -14,14 +14,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from framework.losses.mdlm import LogLinearSchedule, model_logits, subs_log_probs
+from framework.rng import draw_device
 
 REMASKING = ("low_confidence", "random")
 
 
 def _uniform(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:
     """float64 U(0,1) drawn on the generator's device (so a CPU generator drives a GPU run reproducibly)."""
-    where = generator.device if generator is not None else device
-    return torch.rand(shape, generator=generator, dtype=torch.float64, device=where).to(device)
+    return torch.rand(shape, generator=generator, dtype=torch.float64, device=draw_device(generator, device)).to(device)
 
 
 def gumbel_norm(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:

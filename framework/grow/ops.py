@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from framework.rng import draw_device
+
 DEPTH_METHODS = ("interposition", "stack")
 #: Module names (relative to a layer) whose weights are zeroed in depth copies: the residual output projections
 #: of attention and of every feed-forward path (framework's dense and MoE blocks).
@@ -103,7 +105,8 @@ def noisy_copy(t: Tensor, alpha: float, generator: torch.Generator | None = None
         return out
     sigma = float(t.detach().double().std())
     if sigma > 0:
-        noise = torch.randn(t.shape, generator=generator, dtype=torch.float64).to(t.device)
+        where = draw_device(generator, t.device)
+        noise = torch.randn(t.shape, generator=generator, dtype=torch.float64, device=where).to(t.device)
         out += (noise * (alpha * sigma)).to(t.dtype)
     return out
 

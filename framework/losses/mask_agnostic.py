@@ -25,6 +25,7 @@ from einops import repeat
 from torch import Tensor, nn
 
 from framework.losses.mdlm import model_logits, subs_log_probs
+from framework.rng import draw_device
 
 DIVERGENCES = ("tv", "tv_symmetric", "kl", "js")
 CE_VIEWS = ("both", "few", "many", "none")
@@ -224,16 +225,18 @@ class MaskAgnosticLoss(nn.Module):
     def sample_k2(self, batch: int, generator: torch.Generator | None = None, device: Any = None) -> Tensor:
         """k2 ~ U{k1+1..k_max}: one draw shared by the batch (`per_batch`) or one per row (`per_example`)."""
         draws = 1 if self.k_sampling == "per_batch" else batch
-        k2 = torch.randint(self.k1 + 1, self.k_max + 1, (draws,), generator=generator)
+        k2 = torch.randint(self.k1 + 1, self.k_max + 1, (draws,), generator=generator,
+                           device=draw_device(generator, device))
         return k2.expand(batch).to(device)
 
     def _reveal(self, target: Tensor, generator: torch.Generator | None) -> Tensor:
         """Spec 1.2 partial targets: with prob `partial_target_prob` a row shows a random fraction t of its
         targets (the same pattern in both views); returns the shown ids, -1 where the mask stays."""
         batch, n = target.shape
-        rows_on = torch.rand(batch, generator=generator) < self.partial_target_prob
-        frac = torch.rand(batch, 1, generator=generator)
-        shown = (torch.rand(batch, n, generator=generator) < frac) & rows_on[:, None]
+        where = draw_device(generator, target.device)
+        rows_on = torch.rand(batch, generator=generator, device=where) < self.partial_target_prob
+        frac = torch.rand(batch, 1, generator=generator, device=where)
+        shown = (torch.rand(batch, n, generator=generator, device=where) < frac) & rows_on[:, None]
         return torch.where(shown.to(target.device), target, torch.full_like(target, -1))
 
     def forward(

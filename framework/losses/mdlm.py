@@ -14,6 +14,8 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from framework.rng import draw_device
+
 NEG_INF = -1e6  # MDLM's `neg_infinity`: finite, so 0 * (a - b) stays 0 in KL-style sums
 
 REDUCTIONS = ("tokens", "response")
@@ -66,7 +68,7 @@ def mask_tokens(
     maskable: Tensor | None = None,
 ) -> Tensor:
     """Sample z_t ~ q(z_t | x): each maskable token independently becomes `mask_id` with prob `move_chance`."""
-    u = torch.rand(x.shape, generator=generator, device=x.device)
+    u = torch.rand(x.shape, generator=generator, device=draw_device(generator, x.device)).to(x.device)
     move = u < torch.as_tensor(move_chance, device=x.device)
     if maskable is not None:
         move = move & maskable.bool()
@@ -95,7 +97,7 @@ def stratified_times(
     """Low-discrepancy t ~ U[eps, 1]: sample i lies in stratum [i/n, (i+1)/n) before rescaling (MDLM `_sample_t`)."""
     if n < 1:
         raise ValueError(f"n={n} must be a positive number of times")
-    u = torch.rand(n, generator=generator, device=device)
+    u = torch.rand(n, generator=generator, device=draw_device(generator, device)).to(device)
     offsets = torch.arange(n, device=u.device) / n
     return (1 - eps) * ((u / n + offsets) % 1) + eps
 

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from framework.losses.mask_agnostic import follow_mask_convention
 from framework.losses.mdlm import LogLinearSchedule, NelboBound, mdlm_nelbo
 from framework.modules.base import TrainModule
+from framework.rng import draw_device
 from framework.strategies import reshard
 
 
@@ -115,7 +116,8 @@ class MDLMModule(TrainModule):
     ) -> tuple[Tensor, dict[str, Tensor]]:
         tokens, attention, prompt = self._unpack(batch)
         if prompt is not None and train and self.sft_fraction < 1.0:
-            keep = torch.rand(tokens.shape[0], 1, device=tokens.device, generator=generator) < self.sft_fraction
+            keep = (torch.rand(tokens.shape[0], 1, device=draw_device(generator, tokens.device), generator=generator)
+                    < self.sft_fraction).to(tokens.device)
             prompt = prompt & keep
         elif prompt is not None and not train and self.sft_fraction < 1.0:
             prompt = None  # validation: the unconditional NELBO bound over every token

@@ -49,7 +49,8 @@ def env_override() -> torch.dtype | None:
 def matmul_seconds(dtype: torch.dtype, device: torch.device) -> float:
     """Median seconds of one PROBE_SIZE² matmul in `dtype` on `device` (after a warm-up)."""
     gen = torch.Generator().manual_seed(0)
-    x = (torch.randn(PROBE_SIZE, PROBE_SIZE, generator=gen) / PROBE_SIZE**0.5).to(device=device, dtype=dtype)
+    x = torch.randn(PROBE_SIZE, PROBE_SIZE, generator=gen, device=gen.device) / PROBE_SIZE**0.5
+    x = x.to(device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     y = x @ x
     times = []

@@ -43,7 +43,8 @@ def select_full_heads(gates: Tensor, sparsity: float, seed: int = 0) -> Tensor:
     with exact counts); ties are broken by noise of 1e-6 drawn from `seed`, so equal gates split at random."""
     flat = gates.detach().float().flatten().cpu()
     keep = full_head_count(flat.numel(), sparsity)
-    noise = torch.rand(flat.shape, generator=torch.Generator().manual_seed(seed)) * 1e-6
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.rand(flat.shape, generator=g, device=g.device) * 1e-6
     mask = torch.zeros(flat.shape, dtype=torch.bool)
     mask[torch.argsort(flat + noise, descending=True)[:keep]] = True
     return mask.view(gates.shape)

@@ -243,7 +243,8 @@ class RandomHeads(HeadProbe):
     def __init__(self, model: Any, optimizer: Any = None, scheduler: Any = None, seed: int = 0, **options: Any):
         super().__init__(model, optimizer, scheduler, **options)
         with torch.no_grad():
-            self.gates.copy_(torch.rand(self.gates.shape, generator=torch.Generator().manual_seed(seed)))
+            g = torch.Generator().manual_seed(seed)
+            self.gates.copy_(torch.rand(self.gates.shape, generator=g, device=g.device))
         self.gates.requires_grad_(False)
 
     def configure_optimizers(self) -> Any:

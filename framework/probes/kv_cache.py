@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from framework.models.transformer import check_window
+from framework.rng import to_generator
 
 PREFILL_POLICIES = ("streaming", "full")
 
@@ -243,7 +244,7 @@ def _pick(logits: Tensor, temperature: float, generator: torch.Generator | None)
     if temperature <= 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return torch.multinomial(to_generator(probs, generator), 1, generator=generator).squeeze(-1).to(probs.device)
 
 
 def _finish(tokens: Tensor, eos_id: int | None, pad_id: int | None) -> Tensor:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from framework.rng import to_generator
 from framework.samplers.agent import DataAgentPolicy, PPOAgent
 from framework.samplers.policies import Step
 from framework.samplers.reward import composite_reward
@@ -87,8 +88,8 @@ class LeanPPOAgent(PPOAgent):
     def sample_beta(self, alpha: Tensor, beta: Tensor) -> Tensor:
         g = torch.Generator()
         g.set_state(self.rng_state)
-        x = torch._standard_gamma(alpha.cpu(), generator=g)  # the op behind torch.distributions.Gamma
-        y = torch._standard_gamma(beta.cpu(), generator=g)
+        x = torch._standard_gamma(to_generator(alpha, g), generator=g)  # the op behind torch.distributions.Gamma
+        y = torch._standard_gamma(to_generator(beta, g), generator=g)
         self.rng_state = g.get_state()
         return (x / (x + y)).clamp(1e-6, 1 - 1e-6).to(alpha.device)  # exactly 0 or 1 has log-prob ±inf
 
@@ -220,7 +221,7 @@ class AmortisedAgentPolicy(DataAgentPolicy):
             g.manual_seed((self.seed or 0) + 104_729)
         else:
             g.set_state(self.subsample_state)
-        pick = torch.randperm(n, generator=g)[: self.update_size].sort().values
+        pick = torch.randperm(n, generator=g, device=g.device)[: self.update_size].sort().values
         self.subsample_state = g.get_state()
         return pick.to(device)
 

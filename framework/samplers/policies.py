@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from framework.rng import draw_device
 from framework.samplers.table import ScoreTable
 
 Step = dict[str, Tensor]
@@ -52,7 +53,7 @@ def schedule_warning(policy: SelectionPolicy, num_epochs: int) -> str | None:
 
 def top_k(values: Tensor, k: int, generator: torch.Generator) -> Tensor:
     """Indices of the k largest values, ties broken by a seeded random order (deterministic per generator)."""
-    perm = torch.randperm(values.numel(), generator=generator)
+    perm = torch.randperm(values.numel(), generator=generator, device=draw_device(generator)).to(values.device)
     order = torch.argsort(values[perm], descending=True, stable=True)
     return perm[order[:k]]
 
@@ -64,7 +65,8 @@ def gumbel_top_k(values: Tensor, k: int, temperature: float, generator: torch.Ge
         return top_k(values, k, generator)
     z = values.double()
     z = (z - z.mean()) / z.std().clamp_min(1e-12) if z.numel() > 1 else z - z
-    u = torch.rand(z.shape, generator=generator, dtype=torch.float64).clamp(1e-12, 1 - 1e-12)
+    u = torch.rand(z.shape, generator=generator, dtype=torch.float64,
+                   device=draw_device(generator, z.device)).clamp(1e-12, 1 - 1e-12).to(z.device)
     return top_k(z / temperature - torch.log(-torch.log(u)), k, generator)
 
 
@@ -137,7 +139,8 @@ class RandomPolicy(SelectionPolicy):
 
     def select(self, table: ScoreTable, epoch: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         k = self.planned_count(table.n)
-        return torch.randperm(table.n, generator=generator)[:k], self._rescaled(k, self.rescale)
+        chosen = torch.randperm(table.n, generator=generator, device=draw_device(generator))[:k]
+        return chosen, self._rescaled(k, self.rescale)
 
     def observe(self, step: Step, table: ScoreTable, epoch: int) -> dict[str, float]:
         return {}
@@ -174,7 +177,7 @@ class EpsGreedyPolicy(TopKPolicy):
         rest = torch.ones(table.n, dtype=torch.bool)
         rest[greedy] = False
         pool = rest.nonzero().squeeze(1)
-        explore = pool[torch.randperm(pool.numel(), generator=generator)[:k_rand]]
+        explore = pool[torch.randperm(pool.numel(), generator=generator, device=draw_device(generator))[:k_rand]]
         return torch.cat([greedy, explore]), self._rescaled(k, self.rescale)
 
 
@@ -214,7 +217,7 @@ class InfoBatchPolicy(SelectionPolicy):
         low = table.scores < table.scores.mean()
         low_idx, high_idx = low.nonzero().squeeze(1), (~low).nonzero().squeeze(1)
         keep = int(self.keep_ratio * low_idx.numel())
-        kept = low_idx[torch.randperm(low_idx.numel(), generator=generator)[:keep]]
+        kept = low_idx[torch.randperm(low_idx.numel(), generator=generator, device=draw_device(generator))[:keep]]
         weights = torch.cat([torch.ones(high_idx.numel()), torch.full((keep,), 1.0 / self.keep_ratio)])
         return torch.cat([high_idx, kept]), weights
 

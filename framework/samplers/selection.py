@@ -71,7 +71,7 @@ class SelectionSampler(Sampler[int]):
         else:
             index, w = torch.arange(n), torch.ones(n)
         if self.shuffle:
-            perm = torch.randperm(index.numel(), generator=g)
+            perm = torch.randperm(index.numel(), generator=g, device=g.device)
             index, w = index[perm], w[perm]
         self.weights = torch.ones(n)
         self.weights[index] = w
