@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
+from support import warm_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args: str, module: str = "framework.train", timeout: int = 600, env: dict | None = None,
             cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m MODULE ARGS` the way a user would; returns the finished process (text output)."""
+    """Run `python -m MODULE ARGS` the way a user would; returns the finished process (text output). The train CLI
+    runs in a child forked from a process that has done its imports (`support.warm_cli`)."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout,
-        env=full_env, cwd=cwd or REPO,
-    )
+    return warm_cli.run(module, list(args), full_env, cwd or REPO, timeout=timeout)
 
 
 def _weights(ckpt: Path) -> dict:

@@ -12,13 +12,13 @@ import random
 import re
 import shlex
 import subprocess
-import sys
 import zlib
 from pathlib import Path
 
 import pytest
 import torch
 from helpers import REPO
+from support import warm_cli
 
 from framework.recipe import SMOKE
 from framework.registry import RECIPES
@@ -29,8 +29,7 @@ KILL = ["+callbacks.kill._target_=support.faults.KillAtStep"]  # test code: test
 def _start(args: list[str]) -> subprocess.Popen:
     path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
-    return subprocess.Popen([sys.executable, "-m", "framework.train", *args], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return warm_cli.popen("framework.train", args, env, REPO)  # `python -m framework.train ARGS`, imports done
 
 
 def _finish(proc: subprocess.Popen, timeout: int = 600) -> tuple[int, str]:
