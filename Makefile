@@ -22,10 +22,10 @@ demo: $(STAMP)
 	@echo "demo table: $(RUN_DIR)/table.md, sweeps: $(RUN_DIR)/summary.json, plot: $(RUN_DIR)/map.png, runs: $(RUN_DIR)/runs"
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" -q -n 2 --dist worksteal
+	$(BIN)/python -m pytest -m "not slow" -q -n 2 --dist worksteal --durations=15
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -m slow -q
+	$(BIN)/python -m pytest -m slow -q --durations=15
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench/run_all.py

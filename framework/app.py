@@ -9,6 +9,7 @@ import lightning as L
 import torch
 from hydra_zen import builds, make_config
 
+from framework.callbacks.safety import StopOnNonFinite
 from framework.registry import ZEN_STORE, load_catalog
 
 RUN_DIR = "${hydra:runtime.output_dir}"
@@ -17,7 +18,7 @@ TrainerConf = builds(
     L.Trainer,
     populate_full_signature=True,
     zen_partial=True,
-    accelerator="cpu",
+    accelerator="auto",  # a GPU where there is one (size=gpu insists on it), the CPU otherwise
     devices=1,
     max_steps=200,
     max_epochs=-1,
@@ -33,6 +34,9 @@ TrainerConf = builds(
 )
 
 HubConf = make_config(repo_id=None, revision=None, private=False, every_n_validations=0)
+
+#: the NaN/inf guard (`guard.every_n_steps=1` reads every step's loss at once; `guard=null` turns it off)
+GuardConf = builds(StopOnNonFinite, every_n_steps=50, check_state=True, divergence=10.0)
 
 DEFAULTS = [
     "_self_",
@@ -65,6 +69,7 @@ TrainConfig = make_config(
     recipe=None,
     trainer=TrainerConf,
     hub=HubConf,
+    guard=GuardConf,
     seed=0,
     threads=None,
     ckpt_path=None,

@@ -14,8 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from framework import assembly
-from framework.errors import PreflightError
+from framework import assembly, run_tools
+from framework.errors import InputError, PreflightError
 
 #: where a constructor error is raised (the innermost frame of a chosen component) → the group it belongs to
 PART_GROUPS = ("model", "loss", "optimizer", "scheduler", "sampler", "metric", "module")
@@ -27,6 +27,7 @@ def build_parts(job: DictConfig, choices: dict[str, Any]) -> Any:
     from accelerate import init_empty_weights
     from hydra_zen import instantiate
 
+    check_user_tools(job.trainer)
     parts: dict[str, Any] = {}
     for name in ("data", "model", "module", "optimizer", "scheduler", "loss", "metric", "sampler", "trainer"):
         if job.get(name) is not None:
@@ -37,6 +38,10 @@ def build_parts(job: DictConfig, choices: dict[str, Any]) -> Any:
     for name, node in (job.get("callbacks") or {}).items():
         with _refusal(f"callbacks.{name}", None):
             callbacks[name] = instantiate(node)
+    if job.get("guard") is not None:  # the NaN/inf guard: its values are checked here, it is built by the run
+        check_numbers("guard", job.guard)
+        with _refusal("guard", None):
+            instantiate(job.guard)
     data = parts.pop("data")
     trainer = parts.pop("trainer")
     if data is None or parts["module"] is None:
@@ -52,10 +57,45 @@ def build_parts(job: DictConfig, choices: dict[str, Any]) -> Any:
     if callable(getattr(lm, "check_data", None)):  # a value checked against the run's real data sizes
         with _refusal("module", choices.get("module")):
             lm.check_data(data)
+    theirs = run_tools.user_callbacks(trainer.keywords.get("callbacks"))  # the run merges them with ours
+    named = {**{f"callbacks.{n}": cb for n, cb in callbacks.items()},
+             **{f"trainer.callbacks[{i}]": cb for i, cb in enumerate(theirs)}}
+    try:
+        run_tools.check_loggers_needed(trainer.keywords.get("logger"), named)
+    except InputError as err:
+        raise PreflightError(str(err)) from None
     with _refusal("trainer", None), _quiet_lightning():
-        built = trainer(callbacks=list(callbacks.values()), logger=False, enable_progress_bar=False)
+        bar = run_tools.show_progress_bar(trainer.keywords.get("enable_progress_bar"), theirs)
+        built = trainer(callbacks=run_tools.merge_callbacks(list(callbacks.values()), theirs), logger=False,
+                        enable_progress_bar=bar)
     check_strategy(built, lm, callbacks, job.trainer.get("strategy"))
+    for name, callback in named.items():  # e.g. orthogonal_growth: every copy of the model is one it grows
+        try:
+            getattr(callback, "check_run", lambda *_: None)(built, lm)
+        except (ValueError, TypeError, NotImplementedError) as err:
+            raise PreflightError(f"{name}: {err}") from None
     return lm
+
+
+def check_user_tools(trainer: DictConfig) -> None:
+    """`trainer.logger` and `trainer.callbacks` build, and are Lightning loggers and callbacks (`framework.run_tools`
+    says what each form means); else a PreflightError naming the setting and the forms that work."""
+    from hydra_zen import instantiate
+    from omegaconf import OmegaConf
+
+    for key, check in (("logger", run_tools.user_loggers), ("callbacks", run_tools.user_callbacks)):
+        node = trainer.get(key)
+        if node is None or (key == "logger" and isinstance(node, bool)):
+            continue
+        try:
+            check(instantiate(node) if OmegaConf.is_config(node) else node)
+        except InputError as err:
+            raise PreflightError(str(err)) from None
+        except Exception as err:  # noqa: BLE001 - a user's class that cannot be found or built: say which and why
+            while err.__cause__ is not None:
+                err = err.__cause__
+            reason = " ".join(str(err).split()) or type(err).__name__
+            raise PreflightError(f"trainer.{key}: cannot build it ({type(err).__name__}: {reason})") from None
 
 
 def check_numbers(group: str, node: Any) -> None:

@@ -108,37 +108,64 @@ def check_settings(argv: list[str], config_name: str = "train") -> None:
         return
     from hydra import compose, initialize
     from hydra.errors import ConfigCompositionException
-    from omegaconf import OmegaConf
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
     search = [a for a in argv if a.startswith("hydra.searchpath=")]  # where YAML recipes may come from
+    # appended and deleted keys and groups (`+callbacks=hub_push`, `~seed`) are composed too, in the order given
+    composed = [a for a in overrides_of(argv) if a in args or (a.startswith(("+", "~"))
+                                                        and not a.lstrip("+~").startswith("hydra."))]
     with initialize(version_base="1.3", config_path=None):
         try:
-            compose(config_name, overrides=[*search, *args])
+            compose(config_name, overrides=[*search, *composed])
             return
         except ConfigCompositionException as err:
             cause = err.__cause__
             key = getattr(cause, "full_key", None)
             if key is None:
-                raise BadSettingError(str(err)) from None
+                raise BadSettingError(" ".join(str(err).split())) from None
             given = next((a.split("=", 1)[1] for a in args if a.split("=", 1)[0] == key), None)
             if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
-                parent, _, leaf = key.rpartition(".")
-                base = compose(config_name, overrides=[*search, *(a for a in args if a.split("=", 1)[0] != key)])
-                node = OmegaConf.select(base, parent) if parent else base
-                keys = node.keys() if hasattr(node, "keys") else []
-                known = sorted(str(k) for k in keys if not str(k).startswith("_"))
-                close = difflib.get_close_matches(leaf, known, n=3, cutoff=0.6)
-                hint = f" Did you mean {' or '.join(repr(f'{parent}.{c}' if parent else c) for c in close)}?"
-                where = f"of {parent}" if parent else "at the top level"
-                raise BadSettingError(
-                    f"Unknown setting {key!r}.{hint if close else ''} Valid settings {where}: {', '.join(known)}"
-                    f" (to add a new key on purpose, write +{key}=...)"
-                ) from None
+                raise BadSettingError(_unknown_setting(key, [*search, *composed], config_name)) from None
             if isinstance(cause, ValidationError):
                 reason = str(cause).splitlines()[0]
                 raise BadSettingError(f"Bad value for {key}: {given!r}. {reason}") from None
             raise BadSettingError(f"{key}: {str(cause).splitlines()[0]}") from None
+
+
+def _unknown_setting(key: str, overrides: list[str], config_name: str) -> str:
+    """The message for an override of `key`, which the composed config lacks: the keys that exist where it points (a
+    did-you-mean), an unchosen callback's `+callbacks=NAME`, or how to add a key on purpose."""
+    from hydra import compose
+    from hydra.errors import ConfigCompositionException
+    from omegaconf import OmegaConf
+
+    parent, _, leaf = key.rpartition(".")
+    rest = [a for a in overrides if not a.lstrip("+~").split("=", 1)[0].startswith((f"{key}.", f"{key}="))]
+    groups = [a for a in overrides if a.lstrip("+~").split("=", 1)[0] in (*GROUPS, "hydra.searchpath")]
+    node, known = None, []
+    for attempt in (rest, groups):  # without the key (else with group choices only): where the key would go
+        try:
+            base = compose(config_name, overrides=attempt)
+        except ConfigCompositionException:
+            continue
+        node = OmegaConf.select(base, parent) if parent else base
+        known = sorted(str(k) for k in (node.keys() if hasattr(node, "keys") else []) if not str(k).startswith("_"))
+        break
+    typed = next((a.lstrip("+~").split("=", 1)[0] for a in overrides
+                  if a.lstrip("+~").split("=", 1)[0].startswith(f"{key}.")), key)
+    if parent == "callbacks" and leaf in GROUPS["callbacks"]:
+        chosen = ",".join(known)
+        listed = f"{chosen},{leaf}" if chosen else leaf
+        return (f"Unknown setting {typed!r}: the callback {leaf!r} is not among this run's callbacks"
+                f" ({chosen or 'none'}); add it with +callbacks={leaf} (or list them all: callbacks=[{listed}])")
+    if parent and node is None:
+        return (f"Unknown setting {typed!r}: {parent} is null, so it has no settings; to give it some, write"
+                f" +{typed}=... (and + before each of its keys)")
+    close = difflib.get_close_matches(leaf, known, n=3, cutoff=0.6)
+    hint = f" Did you mean {' or '.join(repr(f'{parent}.{c}' if parent else c) for c in close)}?" if close else ""
+    where = f"of {parent}" if parent else "at the top level"
+    return (f"Unknown setting {key!r}.{hint} Valid settings {where}: {', '.join(known)}"
+            f" (to add a new key on purpose, write +{key}=...)")
 
 
 def check_command_line(argv: list[str], config_name: str = "train") -> list[str]:

@@ -18,10 +18,18 @@ from hydra.core.hydra_config import HydraConfig
 from framework.assembly import assemble
 from framework.callbacks.run_record import RunRecord, numbers
 from framework.callbacks.safety import GracefulInterrupt, StopOnNonFinite, StopRequested
-from framework.checkpointing import AtomicCheckpointIO, ResumableCSVLogger
+from framework.checkpointing import AtomicCheckpointIO
 from framework.console import log_to_run_file
 from framework.errors import PushAfterTrainingError, RunInterrupted
 from framework.resume import checked_resume
+from framework.run_tools import (
+    log_config,
+    merge_callbacks,
+    run_loggers,
+    show_progress_bar,
+    user_callbacks,
+    user_loggers,
+)
 
 
 def train(
@@ -41,6 +49,7 @@ def train(
     init_from: str | None = None,
     validate_before_fit: bool = True,
     test: bool = False,
+    guard: StopOnNonFinite | None = None,
 ) -> dict[str, Any]:
     """Instantiate the run from the composed groups, fit it, record it. Returns the results (`results.json`)."""
     log_to_run_file()
@@ -54,13 +63,16 @@ def train(
     resume_step, ckpt_path = checked_resume(ckpt_path, lm, run_dir)
     record = RunRecord(run_dir, command_line(), command_line(drop=("ckpt_path",)), choices, resumed_from=ckpt_path)
     interrupt = GracefulInterrupt(resume_hint=record.resume_command)
-    show_bar = _show_progress_bar(trainer.keywords.get("enable_progress_bar"))
+    theirs = user_callbacks(trainer.keywords.get("callbacks"))  # the user's own, as `trainer.callbacks`
+    show_bar = show_progress_bar(trainer.keywords.get("enable_progress_bar"), theirs)
+    ours = [*callbacks.values(), *_hub_callbacks(hub), *_guards(guard, optimizer, interrupt, show_bar), record]
     run = trainer(
-        callbacks=[*callbacks.values(), *_hub_callbacks(hub), *_guards(optimizer, interrupt, show_bar), record],
-        logger=_loggers(run_dir, resume_step),
+        callbacks=merge_callbacks(ours, theirs),
+        logger=run_loggers(trainer.keywords.get("logger"), run_dir, resume_step),  # ours and `trainer.logger`'s
         enable_progress_bar=show_bar,
         plugins=trainer.keywords.get("plugins") or [AtomicCheckpointIO()],  # a kill never corrupts a checkpoint
     )
+    log_config(user_loggers(trainer.keywords.get("logger")) or [], run_dir, choices)  # the user's get the config
 
     initial = {}
     if validate_before_fit and ckpt_path is None:
@@ -85,27 +97,14 @@ def command_line(extra: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> str
     return "python -m framework.train " + " ".join(shlex.quote(a) for a in [*keep, *extra])
 
 
-def _loggers(run_dir: Path, resume_step: int | None) -> list[Any]:
-    """CSV logs (and TensorBoard's where installed); a resumed run continues them from its step, dropping later
-    rows (and hiding TensorBoard's abandoned events)."""
-    loggers = [ResumableCSVLogger(save_dir=str(run_dir), name="csv", version="", resume_step=resume_step)]
-    try:
-        import tensorboard  # noqa: F401
-        from lightning.pytorch.loggers import TensorBoardLogger
-    except ImportError:
-        return loggers
-    purge = {} if resume_step is None else {"purge_step": resume_step}
-    return [*loggers, TensorBoardLogger(save_dir=str(run_dir), name="tb", version="", **purge)]
-
-
-def _show_progress_bar(setting: bool | None) -> bool:
-    """`trainer.enable_progress_bar`; None: a bar on a terminal, quiet when output goes to a file or pipe."""
-    return sys.stdout.isatty() if setting is None else bool(setting)
-
-
-def _guards(optimizer: Any, interrupt: GracefulInterrupt, show_bar: bool) -> list[L.Callback]:
-    """Stop on a non-finite loss (suggesting a tenth of the lr), save on Ctrl-C, and rich's bar where installed."""
-    guards: list[L.Callback] = [StopOnNonFinite(resume_hint=_lower_lr_command(optimizer)), interrupt]
+def _guards(guard: StopOnNonFinite | None, optimizer: Any, interrupt: GracefulInterrupt, show_bar: bool
+            ) -> list[L.Callback]:
+    """Stop on a non-finite loss (`guard`, None: off; it suggests a tenth of the lr), save on Ctrl-C, and rich's bar
+    where installed."""
+    guards: list[L.Callback] = [interrupt]
+    if guard is not None:
+        guard.resume_hint = _lower_lr_command(optimizer)
+        guards.insert(0, guard)
     if show_bar and importlib.util.find_spec("rich") is not None:
         from lightning.pytorch.callbacks import RichProgressBar
 

@@ -1,6 +1,6 @@
 from framework.recipe import recipe
 
-# Spec 2.4: an MLP (64→256→256→10) whose 256-d penultimate feature is the agent's state; SGD-Nesterov with a
+# An MLP (64→256→256→10) whose 256-d penultimate feature is the agent's state; SGD-Nesterov with a
 # cosine schedule whose length comes from the selection plan; ρ = 0.5 for ⌊0.875·E⌋ epochs, then full data.
 # `sampler=full|random|infobatch|eps_greedy|ucb` swaps the policy, `sampler=data_agent_staleness` runs the agent
 # with the staleness bonus that stops its selection freezing (docs/data_agent.md), `sampler=data_agent_amortised`

@@ -1,6 +1,6 @@
 from framework.recipe import recipe
 
-# An evaluation, not training: the data module's validation set is the hubness sweep (spec §1.8: Gaussians
+# An evaluation, not training: the data module's validation set is the hubness sweep (docs/gicdm.md: Gaussians
 # d = 2…2048 × 3 seeds, OOD fraction at d = 256, digits ± 1024 noise dims), the module evaluates P/R/D/C raw,
 # ICDM-corrected and with our GICDM reconstruction (`gicdm_reconstructed`, which over-corrects: docs/gicdm.md) on
 # each, and the final validation after the (empty) fit writes gicdm_eval.md / .json and gicdm_hubness.png /

@@ -1,8 +1,8 @@
 from framework.recipe import recipe
 
-# Spec 1.4's harder variant: key-value recall `BOS k1 v1 .. k8 v8 SEP kq [vq] EOS^p` with the needle recipe's
-# MDLM. The CPU default (300 steps, 1-2 min) only proves the wiring: the spec measured that d=64 with 3 layers
-# does not learn the task in 3-4k steps (accuracy 0.17-0.23, chance 0.06). `size=gpu` is the size that learns it
+# The needle task's harder variant: key-value recall `BOS k1 v1 .. k8 v8 SEP kq [vq] EOS^p` with the needle recipe's
+# MDLM. The CPU default (300 steps, 1-2 min) only proves the wiring: d=64 with 3 layers stays at
+# chance (0.06) at 300 and 600 steps (docs/mdlm.md). `size=gpu` is the size that learns it
 # (>= 20k steps, as advised; conf/preset/mdlm_kv_recall/gpu.yaml).
 recipe(
     "mdlm_kv_recall",

@@ -1,6 +1,6 @@
 from framework.recipe import recipe
 
-# Spec 1.4: a 3-layer bidirectional MDLM learns the needle task on rows with the spec's EOS tails (up to 32), so
+# A 3-layer bidirectional MDLM learns the needle task on rows with its designed EOS tails (up to 32), so
 # every evaluation with m ≤ 32 appended masks is inside the training lengths (rows ≤ 53 tokens); from step
 # `extra_loss_after` on, the mask-agnostic loss (few-mask view k1=2; many-mask view k2 ≤ 16) is added.
 # `model.init=torch` (PyTorch's width-scaled defaults) is what makes d = 64 learn: under GPT-2's N(0, 0.02) init the

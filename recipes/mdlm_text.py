@@ -1,6 +1,6 @@
 from framework.recipe import recipe
 
-# Byte-level masked diffusion LM (MDLM, spec 1.1) on CPython's docs: char_lm's data, backbone size and schedule,
+# Byte-level masked diffusion LM (MDLM, arXiv 2406.07524) on CPython's docs: char_lm's data, backbone size and schedule,
 # bidirectional. Sample from it with `python -m framework.generate RUN_DIR --prompt "..."`. `size=gpu` is the
 # GPU size (conf/preset/mdlm_text/gpu.yaml: 8×512, 50k steps, EMA 0.9999).
 recipe(

@@ -1,6 +1,6 @@
 from framework.recipe import recipe
 
-# Orthogonal growth (arXiv 2510.08008, spec shared/specs/olion_growth.md §2): train a 2-layer, 4-expert top-1 MoE
+# Orthogonal growth (arXiv 2510.08008, docs/growth.md): train a 2-layer, 4-expert top-1 MoE
 # LM on bytes, then at step `at_step` grow it to 4 layers (interposition, zero-initialised copies: the function
 # is unchanged) and 8 experts top-2 (noisy copies, α = 0.01), and continue. `moe_growth_scratch` is the control:
 # the grown size trained from scratch. tools/experiments/moe_growth.py runs all arms and writes docs/growth.md's table.

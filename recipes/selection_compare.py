@@ -1,7 +1,7 @@
 from framework.recipe import recipe
 
 # The comparison workload: data_agent_digits' training on 10 classes × 2 clusters in 64-d with 20% training label
-# noise (spec 2.4), where selection policies can differ. Sweep the policies side by side (Hydra multirun):
+# noise, where selection policies can differ. Sweep the policies side by side (Hydra multirun):
 #   python -m framework.train -m recipe=selection_compare sampler=full,random,infobatch,data_agent,data_agent_staleness
 #   (add data_agent_amortised: the agent acting and learning once per epoch, at random pruning's cost)
 recipe(

@@ -12,7 +12,9 @@ CALLBACKS.register(
     filename="step{step:06d}",  # no '=' in the name, so `ckpt_path=...` needs no quoting on the command line
     auto_insert_metric_name=False,
     save_last=True,
-    save_top_k=-1,
+    monitor="step",  # ranked by step: save_top_k keeps the newest N step checkpoints (-1 keeps them all)
+    mode="max",
+    save_top_k=3,
     every_n_train_steps=100,
     enable_version_counter=False,  # an in-place resume overwrites its own timeline's files: no last-v1.ckpt
 )

@@ -13,7 +13,7 @@ from framework.data.kv_recall import KVRecallData  # noqa: E402
 
 DATA.register(
     KVRecallData, name="kv_recall", n_pairs=8, n_keys=16, n_values=16, max_eos=32, batch_size=64, seed=None,
-    description="Key-value associative recall (spec 1.4's harder variant); GPU-sized, not learnable in a CPU budget.",
+    description="Key-value recall (the needle task's harder variant); GPU-sized, not learnable in a CPU budget.",
 )
 
 from framework.data.digits import DigitsData, SyntheticClasses  # noqa: E402

@@ -1,6 +1,6 @@
 """Losses (partial: the framework fills `mask_id` / `pad_id` from the data).
 
-The three mask-agnostic variants are the arms of the comparison in spec 1.4: the same two views and CE
+The three mask-agnostic variants are the arms of the needle comparison (docs/mdlm.md): the same two views and CE
 composition, with and without the alignment term. `loss=null` trains with the plain MDLM loss only.
 """
 

@@ -27,7 +27,7 @@ def _weights(ckpt: Path) -> dict:
 def assert_resume_is_exact(cli, args: list[str], tmp_path: Path, resume_step: int) -> Path:
     """Run `args` once straight through and once resumed from its step-`resume_step` checkpoint: the final
     weights must be bitwise equal (and must have moved since the resume point). Returns the full run's dir."""
-    args = [*args, "callbacks.checkpoint.every_n_train_steps=1"]
+    args = [*args, "callbacks.checkpoint.every_n_train_steps=1", "callbacks.checkpoint.save_top_k=-1"]
     full, part = tmp_path / "full", tmp_path / "resumed"
     proc = cli(*args, f"hydra.run.dir={full}")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import REPO, run_cli
+from support import warm_cli
 
 from framework.cli import BadSettingError, check_choices, check_command_line, check_settings
 from framework.errors import InputError, report_and_exit
@@ -67,7 +68,8 @@ def test_misspelt_keys_and_wrong_types_are_named_with_the_valid_ones(args, expec
 
 
 def test_valid_overrides_pass_the_setting_check():
-    check_settings(["recipe=char_lm", "trainer.max_steps=5", "optimizer.lr=0.01", "+trainer.fast_dev_run=true"])
+    check_settings(["recipe=char_lm", "trainer.max_steps=5", "optimizer.lr=0.01", "trainer.fast_dev_run=true",
+                    "+callbacks=lr_monitor", "callbacks.lr_monitor.logging_interval=epoch"])  # `+` parts count too
 
 
 # -- out-of-range hyper-parameters, one case for every registered component ---------------------------------
@@ -207,6 +209,9 @@ OUT_OF_RANGE = [  # (override, what the one error line must say: the setting, it
     ("trainer.strategy=dpp", r"trainer: You selected an invalid strategy name: `strategy='dpp'`"),
     ("scheduler.min_lr_ratio=2", r"scheduler 'warmup_cosine': .*min_lr_ratio=2\.0 in \[0, 1\]"),
     ("callbacks.checkpoint.every_n_train_steps=-1", r"callbacks\.checkpoint: .*every_n_train_steps=-1\. Must be >= 0"),
+    ("callbacks.checkpoint.save_top_k=-2", r"callbacks\.checkpoint: Invalid value for save_top_k=-2\. Must be >= -1"),
+    ("guard.every_n_steps=0", r"guard: every_n_steps=0 must be an integer >= 1 \(optimizer steps between checks"),
+    ("guard.divergence=0", r"guard: divergence=0\.0 must be > 0"),
     ("metric=gicdm", r"metric=gicdm: module 'causal_lm' takes no metric, .* modules that evaluate one: metric_eval"),
     ("ckpt_path=nowhere/last.ckpt", r"ckpt_path=nowhere/last\.ckpt: checkpoint nowhere/last\.ckpt does not exist"),
     ("hub.repo_id=no-namespace", r"hub\.repo_id=no-namespace: invalid Hub repo id 'no-namespace'"),
@@ -285,9 +290,7 @@ def test_init_from_a_repo_the_hub_lacks_is_refused_at_once(hub, tmp_path, capsys
 
 # -- through the real CLI: nothing is lost, one error line, exit code 2 --------------------------------------
 def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "framework.train", *args], capture_output=True, text=True,
-                          cwd=REPO, env=env, timeout=timeout)
+    return run_cli(*args, timeout=timeout)
 
 
 @pytest.mark.parametrize("case", ["value", "run_dir"])
@@ -335,8 +338,7 @@ def test_cli_ctrl_c_writes_a_checkpoint_prints_the_resume_command_and_it_resumes
     run_dir = tmp_path / "run"
     args = ["recipe=char_lm", *SMOKE["char_lm"], "trainer.max_steps=400", "callbacks.checkpoint.every_n_train_steps=5"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "framework.train", *args, f"hydra.run.dir={run_dir}"], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = warm_cli.popen("framework.train", [*args, f"hydra.run.dir={run_dir}"], env, REPO)
     first = run_dir / "checkpoints" / "step000005.ckpt"
     deadline = time.time() + 240
     while not first.exists() and proc.poll() is None and time.time() < deadline:

@@ -42,7 +42,9 @@ def test_every_recipe_composes_at_every_size(hydra, name):
     for size in ("cpu", "smoke", "gpu"):
         cfg = compose(config_name="train", overrides=[f"recipe={name}", f"size={size}"])
         assert cfg.data is not None and cfg.module is not None
-        assert cfg.trainer.accelerator == ("gpu" if size == "gpu" else "cpu")
+        # a GPU where there is one (auto); size=gpu insists on one, in bf16 mixed precision (every recipe trains in it)
+        assert cfg.trainer.accelerator == ("gpu" if size == "gpu" else "auto")
+        assert cfg.trainer.precision == ("bf16-mixed" if size == "gpu" else None)
 
 
 #: The library's public component packages and modules: importing any of them must not import Hydra or the catalog.

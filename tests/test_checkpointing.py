@@ -217,3 +217,29 @@ def test_an_lr_given_on_resume_rebases_the_schedule_and_the_same_lr_resumes_bitw
     assert same == trained[4:]
     assert all(torch.equal(a, b) for a, b in zip(full.parameters(), module.parameters(), strict=True))
     assert "resuming with lr" not in capsys.readouterr().err
+
+
+def _steps(folder) -> dict[str, int]:
+    return {p.name: torch.load(p, map_location="cpu", weights_only=True)["global_step"] for p in folder.glob("*.ckpt")}
+
+
+def test_the_checkpoint_callback_keeps_the_newest_three_steps_and_auto_resume_continues_from_them(cli, tmp_path):
+    """`callbacks.checkpoint.save_top_k` (default 3, -1 keeps all) bounds the step checkpoints a long run leaves;
+    `last.ckpt` is always kept, and the same command with `ckpt_path=auto` resumes from the newest."""
+    import json
+
+    from framework.recipe import SMOKE
+
+    args = ["recipe=char_lm", *SMOKE["char_lm"], "trainer.val_check_interval=null", "trainer.limit_val_batches=0",
+            "validate_before_fit=false", "callbacks.checkpoint.every_n_train_steps=1", "ckpt_path=auto",
+            f"hydra.run.dir={tmp_path}"]
+    proc = cli(*args, "trainer.max_steps=5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _steps(tmp_path / "checkpoints") == {"last.ckpt": 5, "step000003.ckpt": 3, "step000004.ckpt": 4,
+                                                "step000005.ckpt": 5}
+    proc = cli(*args, "trainer.max_steps=7")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["resumed_from"] == str(tmp_path / "checkpoints" / "last.ckpt") and results["global_step"] == 7
+    assert _steps(tmp_path / "checkpoints") == {"last.ckpt": 7, "step000005.ckpt": 5, "step000006.ckpt": 6,
+                                                "step000007.ckpt": 7}

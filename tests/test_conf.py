@@ -79,6 +79,7 @@ def test_size_smoke_is_what_framework_smoke_adds_and_the_validation_schedule(hyd
 def test_size_gpu_gives_the_documented_gpu_runs(hydra):
     text = _job("recipe=mdlm_text", "size=gpu")
     assert text["trainer"]["accelerator"] == "gpu" and text["trainer"]["max_steps"] == 50000
+    assert text["trainer"]["precision"] == "bf16-mixed"
     assert (text["model"]["dim"], text["model"]["depth"], text["module"]["ema_decay"]) == (512, 8, 0.9999)
     assert text["model"]["causal"] is False  # the recipe's own values stay where the preset says nothing
     kv = _job("recipe=mdlm_kv_recall", "size=gpu", "trainer.max_steps=30000")

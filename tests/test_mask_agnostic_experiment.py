@@ -1,4 +1,4 @@
-"""The needle MDLM learns with the spec's long EOS tails, and the appended-masks experiment runs at every size.
+"""The needle MDLM learns with the task's long EOS tails, and the appended-masks experiment runs at every size.
 
 The full map (`python tools/experiments/mask_agnostic.py`) takes about an hour on 2 cores; here its GPU size runs
 on the CPU at smoke size, end to end, so the command works the day a GPU is at hand.

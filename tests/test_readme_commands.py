@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import REPO
+from support import warm_cli
 
 from framework.ls import main as ls_main
 
@@ -55,6 +56,8 @@ def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
             code = ls_main(argv[3:])
         return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "FRAMEWORK_SMOKE": "1"}
+    if argv[1:3] == ["-m", "framework.train"]:  # a child of a process that has done the imports (warm_cli)
+        return warm_cli.run("framework.train", argv[3:], env, cwd, timeout=300)
     return subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 

@@ -101,7 +101,7 @@ def test_shard_refuses_a_two_dimensional_mesh():
 
 
 FSDP2 = ["recipe=mdlm_text", "size=smoke", "optimizer=olion", "trainer.strategy=fsdp2", "trainer.devices=2",
-         "trainer.max_steps=4", "threads=1"]
+         "trainer.accelerator=cpu", "trainer.max_steps=4", "threads=1"]
 
 
 def test_the_cli_trains_olion_on_fsdp2_weights_with_ema_and_resumes_bitwise(tmp_path):
@@ -137,7 +137,7 @@ def test_a_recipe_fsdp2_cannot_run_is_refused_in_one_line_before_anything_is_wri
     run_dir = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_:
         report_and_exit(check_command_line, [f"recipe={recipe}", "trainer.strategy=fsdp2", "trainer.devices=2",
-                            f"hydra.run.dir={run_dir}"])
+                            "trainer.accelerator=cpu", f"hydra.run.dir={run_dir}"])
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and len(err.splitlines()) == 1, err
     assert re.fullmatch(f"error: trainer\\.strategy=fsdp2: {expected}.*", err), err

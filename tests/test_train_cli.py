@@ -95,6 +95,7 @@ def test_two_process_ddp_run_finishes_and_ranks_agree_on_the_final_loss(cli, tmp
         *TINY_MODEL,
         "trainer.strategy=ddp",
         "trainer.devices=2",
+        "trainer.accelerator=cpu",  # 2 CPU processes (gloo), on a GPU machine too
         f"hydra.run.dir={tmp_path}",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""`OrthogonalGrowth`: grow a model's depth and MoE width during training (arXiv 2510.08008, spec §2.1–2.4).
+"""`OrthogonalGrowth`: grow a model's depth and MoE width during training (arXiv 2510.08008; docs/growth.md).
 
 At a step (or epoch) boundary it grows the LightningModule's model in place (framework.grow), rebuilds the
 optimizer through the module's own `configure_optimizers` (any optimizer, OLion included) with its state reset
@@ -7,7 +7,8 @@ architecture in every later checkpoint, so resuming from one rebuilds the grown 
 Works in any Lightning project whose module has `.model` (`model_attr`) with a layer `nn.ModuleList`
 (`layers_attr`) and duck-typed MoE layers (`router`, `experts`, `num_experts`, `top_k`). The loss it measures
 before and after growing is `loss_fn`: a function `(module, batch) -> loss`, or the name of a module method
-taking a batch (default `"loss"`; a module without it is grown but not measured).
+taking a batch (default `"loss"`; a module without it is grown but not measured). Copies of the model that the
+module keeps (an EMA: `copy_attrs`, default `ema`) are grown by the same event, so they keep matching the model.
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 
-from framework.callbacks.growth_events import expand_schedule, replay_on_copy
+from framework.callbacks.growth_events import apply_event, check_copies, expand_schedule, model_copies, replay_on_copy
 from framework.grow.ops import (
     DEFAULT_ZERO_PATTERNS,
     Growth,
     count_params,
     find_moe_layers,
-    grow,
     norm_profile,
     transfer_optimizer_state,
 )
@@ -54,7 +54,10 @@ class OrthogonalGrowth(L.Callback):
     copy gets its source's state; originals keep theirs). The current training batch's loss is measured before
     and after growing with `loss_fn` (`(module, batch) -> loss`, or the name of a module method taking a batch);
     `measure_batches>0` also measures that many validation batches. A per-layer norm profile PNG and
-    `growth.json` go to the trainer's root dir.
+    `growth.json` go to the trainer's root dir. `copy_attrs` names the module's attributes that hold copies of the
+    model (its EMA, `ema`): each one present is grown by the same event (same operation, same seed). Another copy of
+    the model the module holds, or a callback that keeps an averaged copy (Lightning's `WeightAveraging`), is refused
+    before training: growth could not keep it matching.
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class OrthogonalGrowth(L.Callback):
         norm_part: str = "experts",
         plot: bool = True,
         loss_fn: Callable[[L.LightningModule, Any], torch.Tensor] | str = "loss",
+        copy_attrs: Sequence[str] = ("ema",),
     ):
         super().__init__()
         if optimizer_state not in OPTIMIZER_STATES:
@@ -93,6 +97,9 @@ class OrthogonalGrowth(L.Callback):
             raise TypeError(f"loss_fn={loss_fn!r} must be a function (module, batch) -> loss or the name of a"
                             " module method taking a batch (default 'loss')")
         self.loss_fn = loss_fn
+        if isinstance(copy_attrs, str):
+            raise TypeError(f"copy_attrs={copy_attrs!r} must be a list of attribute names, e.g. [{copy_attrs!r}]")
+        self.copy_attrs = tuple(str(a) for a in copy_attrs)
         self.done: list[dict[str, Any]] = []  # one record per growth applied to the current model
 
     # -- the model ---------------------------------------------------------------------------------------------
@@ -125,13 +132,23 @@ class OrthogonalGrowth(L.Callback):
                      " loss_fn=lambda module, batch: ... (or the name of such a method)")
         return fn
 
-    def _apply(self, model: nn.Module, event: dict[str, Any], structure_only: bool = False) -> Growth:
-        return grow(model, depth_factor=event["depth_factor"], depth_method=event["depth_method"],
-                    ignore_first=event["ignore_first"], ignore_last=event["ignore_last"],
-                    zero_init_copies=event["zero_init_copies"] and not structure_only,
-                    width_factor=event["width_factor"],
-                    noise_alpha=0.0 if structure_only else event["noise_alpha"], seed=event["seed"],
-                    layers_attr=self.layers_attr, zero_patterns=self.zero_patterns)
+    def copies_of(self, pl_module: L.LightningModule) -> dict[str, nn.Module]:
+        """The copies of the model that `pl_module` keeps (its `copy_attrs` that hold a module, e.g. the EMA)."""
+        return model_copies(pl_module, self.model_attr, self.copy_attrs)
+
+    def check_run(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Before training (and in `framework.train`'s preflight): the module has layers and a loss `loss_fn` can
+        call, the strategy keeps the model whole, and every copy of the model in the run is one this grows."""
+        model = self.model_of(pl_module)
+        self.measure_fn(pl_module)
+        self.check_strategy(trainer.strategy)
+        check_copies(trainer, pl_module, model, self.model_attr, self.copy_attrs)
+
+    def _apply(self, model: nn.Module, event: dict[str, Any], structure_only: bool = False, copies_of: Any = None
+               ) -> Growth:
+        """Grow `model` by `event`, then every copy of it that `copies_of` (the LightningModule) keeps, alike."""
+        twins = self.copies_of(copies_of).values() if copies_of is not None else ()
+        return apply_event(model, event, self.layers_attr, self.zero_patterns, structure_only, copies=twins)
 
     @staticmethod
     def check_strategy(strategy: Any) -> None:
@@ -143,9 +160,7 @@ class OrthogonalGrowth(L.Callback):
 
     # -- Lightning hooks ---------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.model_of(pl_module)  # fail before training on a module without layers, or a loss it cannot call
-        self.measure_fn(pl_module)
-        self.check_strategy(trainer.strategy)
+        self.check_run(trainer, pl_module)  # fail before training, not at the growth step
         if not hasattr(pl_module, _APPLIED):  # a model this callback has not grown yet: nothing is done to it
             object.__setattr__(pl_module, _APPLIED, 0)
             self.done = []
@@ -169,7 +184,7 @@ class OrthogonalGrowth(L.Callback):
                                f" grown {applied} time(s); load it into a freshly built (ungrown) model")
         model = self.model_of(pl_module)
         for record in recorded[applied:]:
-            self._apply(model, record, structure_only=True)
+            self._apply(model, record, structure_only=True, copies_of=pl_module)
         object.__setattr__(pl_module, _APPLIED, len(recorded))
         self.done = copy.deepcopy(list(recorded))
 
@@ -196,6 +211,7 @@ class OrthogonalGrowth(L.Callback):
         model = self.model_of(pl_module)
         checkpoint[CHECKPOINT_KEY] = {"done": copy.deepcopy(self.done), "model_attr": self.model_attr,
                                       "layers_attr": self.layers_attr,
+                                      "copy_attrs": list(self.copies_of(pl_module)),
                                       "config": dict(getattr(model, "init_config", {}) or {})}
 
     def results(self) -> dict[str, float]:
@@ -213,7 +229,7 @@ class OrthogonalGrowth(L.Callback):
         before = self._measure(trainer, pl_module, batch)
         profile_before = self._profile(layers())
         counts_before, layers_before = count_params(model), len(layers())
-        growth = self._apply(model, event)
+        growth = self._apply(model, event, copies_of=pl_module)  # and the EMA: same operation, same seed
         self._rebuild_optimizers(trainer, growth)
         after = self._measure(trainer, pl_module, batch)
         counts_after = count_params(model)

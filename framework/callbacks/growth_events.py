@@ -1,16 +1,17 @@
-"""Growth events for `OrthogonalGrowth`: its arguments and schedule expanded into checked events, and recorded
-events re-applied to a shape-only copy of a module (the module a checkpoint's weights load into)."""
+"""Growth events for `OrthogonalGrowth`: its arguments and schedule expanded into checked events, recorded events
+re-applied to a shape-only copy of a module (the module a checkpoint's weights load into), and the copies of the
+model a module keeps (its EMA), which every event grows too."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from framework.grow.ops import DEPTH_METHODS, grow
+from framework.grow.ops import DEFAULT_ZERO_PATTERNS, DEPTH_METHODS, Growth, grow
 
 #: what one growth event sets (a schedule item may override any of them)
 EVENT_KEYS = ("at_step", "at_epoch", "depth_factor", "depth_method", "ignore_first", "ignore_last",
@@ -48,13 +49,69 @@ def replay_on_copy(pl_module: nn.Module, record: dict[str, Any]) -> nn.Module:
     memo: dict[int, Any] = {id(t): nn.Parameter(torch.empty_like(t, device="meta"), requires_grad=t.requires_grad)
                             if isinstance(t, nn.Parameter) else torch.empty_like(t, device="meta") for t in tensors}
     clone = copy.deepcopy(pl_module, memo)
-    model_attr = record.get("model_attr", "model")
+    model_attr, layers_attr = record.get("model_attr", "model"), record.get("layers_attr", "blocks")
     model = getattr(clone, model_attr) if model_attr else clone
+    copies = model_copies(clone, model_attr, record.get("copy_attrs", []))  # e.g. the EMA, grown alike
     for event in record.get("done", []):
-        grow(model, depth_factor=event["depth_factor"], depth_method=event["depth_method"],
-             ignore_first=event["ignore_first"], ignore_last=event["ignore_last"], width_factor=event["width_factor"],
-             noise_alpha=0.0, layers_attr=record.get("layers_attr", "blocks"))
+        apply_event(model, event, layers_attr, structure_only=True, copies=copies.values())
     return clone
+
+
+def apply_event(module: nn.Module, event: dict[str, Any], layers_attr: str = "blocks",
+                zero_patterns: Sequence[str] = DEFAULT_ZERO_PATTERNS, structure_only: bool = False,
+                copies: Iterable[nn.Module] = ()) -> Growth:
+    """Grow `module` by one growth event, then each of its `copies` (an EMA) by the same operation and seed applied to
+    the copy's own weights (a frozen copy stays frozen). `structure_only`: the shapes alone (no noise, no zeroing:
+    the weights a checkpoint holds are loaded next). Returns the growth of `module`."""
+    args = dict(depth_factor=event["depth_factor"], depth_method=event["depth_method"],
+                ignore_first=event["ignore_first"], ignore_last=event["ignore_last"],
+                zero_init_copies=event.get("zero_init_copies", False) and not structure_only,
+                width_factor=event["width_factor"], noise_alpha=0.0 if structure_only else event["noise_alpha"],
+                seed=event.get("seed", 0), layers_attr=layers_attr, zero_patterns=zero_patterns)
+    growth = grow(module, **args)
+    for twin in copies:
+        frozen = not any(p.requires_grad for p in twin.parameters())
+        grow(twin, **args)
+        if frozen:
+            twin.requires_grad_(False)
+    return growth
+
+
+def model_copies(pl_module: nn.Module, model_attr: str, copy_attrs: Sequence[str]) -> dict[str, nn.Module]:
+    """`pl_module`'s attributes named in `copy_attrs` that hold a module (e.g. `ema`); none when it is the model."""
+    if not model_attr:
+        return {}
+    return {a: c for a in copy_attrs if isinstance(c := getattr(pl_module, a, None), nn.Module)}
+
+
+def check_copies(trainer: Any, pl_module: nn.Module, model: nn.Module, model_attr: str,
+                 copy_attrs: Sequence[str]) -> None:
+    """ValueError unless every copy of `model` in the run is one growth grows: each of `copy_attrs` matches the model,
+    no other child module of `pl_module` has the model's parameters, and no callback keeps an averaged copy."""
+    shapes, owner = _shapes(model), type(pl_module).__name__
+    for name, twin in model_copies(pl_module, model_attr, copy_attrs).items():
+        if _shapes(twin) != shapes:
+            raise ValueError(f"OrthogonalGrowth: {owner}.{name} (copy_attrs) is not a copy of .{model_attr} (their"
+                             " parameters differ), so growing both alike would not keep them matching; leave it out"
+                             " of copy_attrs")
+    for name, child in pl_module.named_children() if model_attr and shapes else ():
+        if child is not model and name not in copy_attrs and _shapes(child) == shapes:
+            raise ValueError(f"OrthogonalGrowth: {owner}.{name} is a copy of the model that growth would leave at its"
+                             " old size; name it in copy_attrs (callbacks.orthogonal_growth.copy_attrs="
+                             f"[{','.join([*copy_attrs, name])}]) so it grows too")
+    from lightning.pytorch import callbacks as lightning_callbacks
+
+    averaging = tuple(getattr(lightning_callbacks, n) for n in ("WeightAveraging", "StochasticWeightAveraging")
+                      if hasattr(lightning_callbacks, n))
+    for callback in trainer.callbacks:
+        if isinstance(callback, averaging):
+            raise ValueError(f"OrthogonalGrowth cannot grow the averaged copy of the module that"
+                             f" {type(callback).__name__} keeps; drop that callback and use the module's own EMA"
+                             " (e.g. module.ema_decay=0.999 with module=mdlm), which grows with the model")
+
+
+def _shapes(module: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
+    return [(name, tuple(p.shape)) for name, p in module.named_parameters()]
 
 
 def check_event(event: dict[str, Any], index: int) -> dict[str, Any]:

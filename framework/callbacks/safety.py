@@ -1,8 +1,9 @@
 """Two guards for long runs, usable in any Lightning project.
 
 `StopOnNonFinite`: a NaN/inf training loss, or an optimizer step that leaves NaN/inf in the weights or the optimizer
-state, stops training at that step with a message that names it, before the checkpoint callbacks of the same step
-run (Lightning calls `ModelCheckpoint` last), so the last checkpoint on disk is the last good one.
+state, stops training with a message that names the step, before any checkpoint holding it is written, so the last
+checkpoint on disk is the last good one. It keeps each step's loss on its device and looks every N steps, before
+each validation and each checkpoint save, and at the end: no host sync per step.
 `GracefulInterrupt`: the first Ctrl-C (SIGINT), SIGTERM or SIGUSR1 finishes the current step, writes a checkpoint and
 stops; the resume command is printed. The same signal again interrupts at once.
 """
@@ -14,10 +15,11 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, NoReturn
 
 import lightning as L
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 
 from framework.checkpointing import all_finite, newest_finite_checkpoint, non_finite
 from framework.errors import NonFiniteLossError
@@ -28,6 +30,16 @@ def _any_rank(trainer: L.Trainer, flag: bool) -> bool:
     if trainer.world_size > 1:
         return bool(trainer.strategy.reduce_boolean_decision(flag, all=False))
     return flag
+
+
+def _first_on_any_rank(trainer: L.Trainer, step: int | None) -> int | None:
+    """The smallest `step` over the ranks (None where a rank has none), the same on every rank (a collective)."""
+    if trainer.world_size <= 1:
+        return step
+    none = 2**62
+    mine = torch.tensor(none if step is None else step, dtype=torch.int64, device=trainer.strategy.root_device)
+    first = int(trainer.strategy.reduce(mine, reduce_op="min"))
+    return None if first == none else first
 
 
 def _loss_of(outputs: Any) -> torch.Tensor | None:
@@ -51,31 +63,50 @@ def usable_checkpoint(trainer: L.Trainer, max_step: int, exclude: set[int] | fro
     return str(found) if found else None
 
 
-class StopOnNonFinite(L.Callback):
-    """Raise `NonFiniteLossError` at the first step whose loss, weights or optimizer state hold NaN/±inf (any rank).
+class _Seen(NamedTuple):
+    """One training batch as the guard keeps it until its next check: the loss stays on its device."""
 
-    The weights and the optimizer state are checked after each optimizer step (`check_state=True`; one sum per
-    tensor, one host sync per device): a finite loss can still come with a step that overflows the weights or
-    Adam's second moment, and the checkpoint of that step must not be written. A diverging run has usually ruined
-    its weights a step or two before anything overflows, so the message names the newest finite checkpoint whose
-    weights gave a finite training loss no higher than the fit's first loss + `divergence`·max(1, |first loss|),
-    not merely the newest one. `resume_hint` is the command to print (the checkpoint path is appended as
-    `ckpt_path=...`), e.g. the run's own command with a lower lr.
+    loss: torch.Tensor
+    weights_step: int  # the global step of the weights the batch was computed with
+    step: int  # the global step after it
+    batch_idx: int
+    epoch: int
+
+
+class StopOnNonFinite(L.Callback):
+    """Raise `NonFiniteLossError` when a training loss, or the weights or optimizer state, hold NaN/±inf (any rank),
+    before any checkpoint holding them is written; the message names the first such step.
+
+    No host sync per step: each step's loss stays on its device and is read, with the weights and the optimizer state
+    (`check_state=True`: one sum per tensor), every `every_n_steps` optimizer steps, before each validation and each
+    checkpoint save, and when training ends (1 checks every step, as this guard did before). A diverging run has
+    usually ruined its weights a step or two before anything overflows, so the message names the newest finite
+    checkpoint whose weights gave a finite training loss no higher than the fit's first loss +
+    `divergence`·max(1, |first loss|), not merely the newest one. `resume_hint` is the command to print (the
+    checkpoint path is appended as `ckpt_path=...`), e.g. the run's own command with a lower lr.
     """
 
-    def __init__(self, check_state: bool = True, resume_hint: str | None = None, divergence: float = 10.0):
+    def __init__(self, check_state: bool = True, resume_hint: str | None = None, divergence: float = 10.0,
+                 every_n_steps: int = 50):
         if not divergence > 0:
             raise ValueError(f"divergence={divergence} must be > 0 (a multiple of the starting loss's magnitude)")
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise ValueError(f"every_n_steps={every_n_steps!r} must be an integer >= 1 (optimizer steps between "
+                             "checks; 1 checks every step)")
         self.check_state = check_state
         self.resume_hint = resume_hint
         self.divergence = divergence
-        self._checked_step = -1
+        self.every_n_steps = every_n_steps
+        self._seen: list[_Seen] = []  # the batches since the last check
+        self._checked_at = -1  # the global step of the last check
+        self._state_ok_at: int | None = None  # the last global step whose weights and optimizer state were finite
         self._weights_step: int | None = None  # the global step of the weights the current batch was computed with
         self._first_loss: float | None = None
         self._diverged: set[int] = set()  # steps whose weights gave a non-finite or diverged loss
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._weights_step, self._first_loss, self._diverged = trainer.global_step, None, set()
+        self._weights_step, self._first_loss, self._diverged, self._seen = trainer.global_step, None, set(), []
+        self._checked_at = self._state_ok_at = trainer.global_step  # a fresh start or a checked checkpoint
 
     def _record(self, value: float, step: int) -> None:
         """Remember whether the weights of `step` gave a loss far from where this fit started."""
@@ -101,31 +132,63 @@ class StopOnNonFinite(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         loss = _loss_of(outputs)
-        value = float(loss.detach().float().mean()) if loss is not None else 0.0
         weights_step = trainer.global_step - 1 if self._weights_step is None else self._weights_step
-        self._weights_step = trainer.global_step
-        if loss is not None:
-            self._record(value, weights_step)
+        self._weights_step = step = trainer.global_step
+        if loss is not None:  # a reference, no kernel and no sync: read at the next check
+            self._seen.append(_Seen(loss.detach(), weights_step, step, batch_idx, trainer.current_epoch))
+        if step != self._checked_at and step % self.every_n_steps == 0:  # once per optimizer step
+            self.check(trainer, pl_module)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.FITTING:  # no validation (nor its callbacks) sees non-finite weights
+            self.check(trainer, pl_module)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+                           ) -> None:
+        self.check(trainer, pl_module)  # raising here stops the save before anything is written
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check(trainer, pl_module)
+
+    def check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Read the losses kept since the last check (one host sync) and, with `check_state`, the weights and the
+        optimizer state; raise NonFiniteLossError if any rank found NaN/inf. Every rank must call it alike."""
+        step = trainer.global_step
+        if not self._seen and (self._state_ok_at == step or not self.check_state):
+            return  # nothing new since the last check (the same on every rank)
+        seen, self._seen, self._checked_at = self._seen, [], step
+        values = torch.stack([s.loss.float().mean() for s in seen]).tolist() if seen else []
+        bad = None
+        for value, batch in zip(values, seen, strict=True):
+            self._record(value, batch.weights_step)
+            if not math.isfinite(value):
+                bad = (value, batch)
+                break
         named: list[tuple[str, torch.Tensor]] = []
-        state_ok = True
-        if self.check_state and trainer.global_step != self._checked_step:  # once per optimizer step
-            self._checked_step = trainer.global_step
+        state_ok, previous_ok = True, self._state_ok_at
+        if self.check_state and self._state_ok_at != step:
             named = self._state(trainer, pl_module)
             state_ok = all_finite(t for _, t in named)
-        if not _any_rank(trainer, not (math.isfinite(value) and state_ok)):
+            self._state_ok_at = step if state_ok else self._state_ok_at
+        first = _first_on_any_rank(trainer, bad[1].step if bad else (None if state_ok else step))
+        if first is None:
             return
-        step = trainer.global_step
-        if not math.isfinite(value):
-            what = f"training loss is {value} at step {step}"
-        elif not state_ok:
-            bad, total = non_finite(named)
-            what = (f"training loss is {value:.4g} at step {step}, but that step's optimizer update left NaN/inf in "
-                    f"{len(bad)} of {total} weight and optimizer-state tensors (e.g. {bad[0]})")
-        else:
-            what = f"training loss or weights became NaN/inf on another rank at step {step}"
-        if not state_ok:  # the weights of this step never reach a checkpoint; they are not a resume point either
-            self._diverged.add(step)
-        ckpt = usable_checkpoint(trainer, step, self._diverged)
+        if bad and bad[1].step == first:
+            self._stop(trainer, first, f"training loss is {bad[0]} at step {first}", bad[1])
+        if not state_ok and step == first:
+            last = f"training loss is {values[-1]:.4g} at step {step}, but " if values else ""
+            update = "that step's optimizer update" if previous_ok == step - 1 else (
+                f"an optimizer update after step {previous_ok} (the last check)" if previous_ok is not None else
+                f"an optimizer update up to step {step}")
+            names, total = non_finite(named)
+            self._diverged.add(step)  # the weights of this step never reach a checkpoint; nor are they a resume point
+            self._stop(trainer, first, f"{last}{update} left NaN/inf in {len(names)} of {total} weight and "
+                       f"optimizer-state tensors (e.g. {names[0]})", seen[-1] if seen else None)
+        self._stop(trainer, first, f"training loss or weights became NaN/inf on another rank at step {first}")
+
+    def _stop(self, trainer: L.Trainer, first: int, what: str, where: _Seen | None = None) -> NoReturn:
+        """Raise NonFiniteLossError: `what` went wrong at step `first`, and from which checkpoint to resume."""
+        ckpt = usable_checkpoint(trainer, first, self._diverged)
         if ckpt:
             how = (f"resume with a lower learning rate: {self.resume_hint} ckpt_path={ckpt}" if self.resume_hint
                    else f"resume with ckpt_path={ckpt} and a lower learning rate")
@@ -133,13 +196,16 @@ class StopOnNonFinite(L.Callback):
         else:
             keep = "no checkpoint from before the loss diverged had been written" + (
                 f"; start again with a lower learning rate: {self.resume_hint}" if self.resume_hint else "")
-        diverged = sorted(self._diverged)[-3:]
+        diverged = sorted(s for s in self._diverged if s <= first)[-3:]
         criterion = "non-finite" + (f", or a loss above {self._limit():.4g}" if self._first_loss is not None else "")
         why = (f"; the weights of step{'s' if len(diverged) > 1 else ''} {', '.join(map(str, diverged))} had diverged "
                f"({criterion})") if diverged else ""
+        batch = f" (batch {where.batch_idx} of epoch {where.epoch})" if where is not None else ""
+        stopped = "training stopped" if trainer.global_step == first else (
+            f"training stopped at step {trainer.global_step} (the guard reads the loss every {self.every_n_steps} "
+            "steps and before each validation and checkpoint)")
         raise NonFiniteLossError(
-            f"{what} (batch {batch_idx} of epoch {trainer.current_epoch}); training stopped and no checkpoint was "
-            f"written with these weights{why}; {keep}."
+            f"{what}{batch}; {stopped} and no checkpoint was written with these weights{why}; {keep}."
         )
 
 

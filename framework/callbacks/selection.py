@@ -5,18 +5,20 @@ owns the sampler, so it knows each batch's samples). `training_step` returns `{"
 "per_sample_loss": losses}` (the callback adds mean((w − 1)·ℓ) to the loss: the step trains on the selection's
 weights w); the Data Agent also reads `logits` and `features` from it or from the layer `head=` names (see
 `framework.samplers.step`; the older contract, a dict batch's `weight` and a step returning `losses` it
-weighted itself, still works). It rebuilds the training DataLoader around a `SelectionSampler` every epoch
-(pruned epochs are shorter; Lightning's distributed sampler is switched off), all-gathers the step's scores
-across ranks (one collective), steps the Data Agent's optimisers, logs `selection/cost` (sample passes relative
-to full data) every epoch and checkpoints everything for exact mid-epoch resume. An LR schedule must be told
-`planned_steps(trainer)`. Too few epochs for the policy to act is warned about in `setup`; a missing per-sample
-signal fails at the first `training_step`, before any optimizer step.
+weighted itself, still works). It serves the training DataLoader itself: the user's, with its sampler replaced by
+a `SelectionSampler` and every other setting kept (pruned epochs are shorter; Lightning's distributed sampler is
+switched off). It all-gathers the step's scores across ranks (one collective, each field in its own dtype), steps
+the Data Agent's optimisers, logs `selection/cost` (sample passes relative to full data) every epoch and
+checkpoints everything for exact mid-epoch resume. An LR schedule must be told `planned_steps(trainer)`. Too few
+epochs for the policy to act is warned about in `setup`; a missing per-sample signal fails at the first
+`training_step`, before any optimizer step. Nothing of the user's module or data module is replaced: for the fit the
+callback takes the place of the trainer's training-data source and wraps its strategy's `training_step` (the hook on
+a `head=` layer lives only inside each step), and puts both back at teardown and on an exception or interrupt.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import time
 from typing import Any
@@ -28,9 +30,10 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from framework.callbacks.selection_swaps import SelectionSource, Swaps
 from framework.samplers.policies import FullPolicy, SelectionPolicy, schedule_warning
-from framework.samplers.selection import SelectionSampler, epochs_for_steps, planned_batches
-from framework.samplers.step import HeadCapture, batch_len, gather, reweight, step_fields
+from framework.samplers.selection import SelectionSampler, epochs_for_steps, planned_batches, selection_loader
+from framework.samplers.step import HeadCapture, RankGather, batch_len, reweight, step_fields
 from framework.samplers.table import ScoreTable
 
 
@@ -57,8 +60,9 @@ class DataSelection(L.Callback):
         self._reset_counters()
         self._resume: tuple[int, int] | None = None  # (epoch, batches already trained in it)
         self._pending: dict[str, Any] | None = None  # a checkpoint's state that arrived before setup
-        self._owner: Any = None
-        self.head, self._capture = head, None
+        self._swaps = Swaps()  # what the fit changed on the trainer, to put back
+        self._dataloader: DataLoader | None = None
+        self.head = head
         self._index = self._weight = torch.empty(0)  # the current batch's samples and their loss weights
         self._fields: dict[str, Tensor] = {}  # the current step's per-sample fields (from training_step)
 
@@ -78,16 +82,16 @@ class DataSelection(L.Callback):
         if trainer.world_size > 1 and connector.use_distributed_sampler:
             rank_zero_warn("DataSelection shards the data itself; turning off Trainer(use_distributed_sampler)")
             connector.use_distributed_sampler = False  # its wrapper would fix the epoch length at the first one
-        owner = trainer.datamodule if trainer.datamodule is not None else pl_module
-        if owner is pl_module and not is_overridden("train_dataloader", pl_module):
-            raise TypeError("DataSelection rebuilds the training DataLoader every epoch, so it needs one from a "
-                            "LightningDataModule or LightningModule `train_dataloader()`, not "
-                            "`trainer.fit(train_dataloaders=...)`")
+        source = trainer.fit_loop._data_source  # where Lightning asks for the training loader
+        owner = source.instance
+        if not isinstance(owner, (L.LightningModule, L.LightningDataModule)) or (
+                owner is pl_module and not is_overridden("train_dataloader", pl_module)):
+            raise TypeError("DataSelection serves the training DataLoader itself, built from the one a "
+                            "LightningDataModule or LightningModule `train_dataloader()` returns, so it needs that "
+                            "hook, not `trainer.fit(train_dataloaders=...)`")
         self._reset_counters()
         self._resume = None
-        original = getattr(owner, "train_dataloader", None)
-        original = getattr(original, "__wrapped__", original)  # a second fit with the same callback
-        base = original() if callable(original) else None
+        base = owner.train_dataloader()
         if not isinstance(base, DataLoader) or base.batch_size is None:
             raise TypeError(
                 "DataSelection needs the training data as a DataLoader with a batch_size returned by a "
@@ -105,49 +109,39 @@ class DataSelection(L.Callback):
         self.sampler = SelectionSampler(
             self.table, self.policy, epochs, seed=seed, rank=trainer.global_rank, world_size=trainer.world_size
         )
-
-        def train_dataloader() -> DataLoader:
-            return self._loader(trainer, pl_module, base)
-
-        train_dataloader.__wrapped__ = original  # type: ignore[attr-defined]
-        owner.train_dataloader = train_dataloader
-        self._owner = owner
-        self._wrap_training_step(pl_module)
+        self._dataloader = selection_loader(base, self.sampler, self.batch_size)
+        self._swaps.undo()  # a fit that ended without teardown (e.g. a second fit after a crash in another callback)
+        self._swaps.set(trainer.fit_loop, "_data_source", SelectionSource(source, lambda: self._loader(trainer)))
+        self._wrap_strategy_step(trainer, pl_module)
         if self._pending is not None:
             self._apply_state(self._pending)
             self._pending = None
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit" and self._owner is not None and "train_dataloader" in vars(self._owner):
-            del self._owner.train_dataloader  # the owner's own method again
-            self._owner = None
-        if stage == "fit" and getattr(vars(pl_module).get("training_step"), "_data_selection", False):
-            del pl_module.training_step
-        if stage == "fit" and self._capture is not None:
-            self._capture = self._capture.remove()
+        if stage == "fit":
+            self._swaps.undo()
 
-    def _wrap_training_step(self, pl_module: L.LightningModule) -> None:
-        """Read each step's per-sample fields (and weigh its loss) as `training_step` returns, before backward."""
-        if self._capture is not None:
-            self._capture.remove()
-        self._capture = HeadCapture(pl_module, self.head) if self.head else None
-        original = pl_module.training_step
-        original = original.__wrapped__ if getattr(original, "_data_selection", False) else original
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._swaps.undo()  # Lightning calls no teardown hook on an exception or a KeyboardInterrupt
 
-        @functools.wraps(original)
+    def _wrap_strategy_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Read each step's per-sample fields (and weigh its loss) as `training_step` returns, before backward: around
+        the strategy's `training_step`, which Lightning calls for every strategy, so the module stays untouched."""
+        capture = HeadCapture(pl_module, self.head) if self.head else None
+        original = trainer.strategy.training_step
+
         def training_step(*args: Any, **kwargs: Any) -> Any:
-            with self._capture or contextlib.nullcontext():  # the head's input and output during this step
+            with capture or contextlib.nullcontext():  # the head's hook exists during this step only
                 outputs = original(*args, **kwargs)
-            return self._read_step(outputs, args[0] if args else kwargs.get("batch"))
+            return self._read_step(outputs, args[0] if args else kwargs.get("batch"), capture)
 
-        training_step._data_selection = True  # type: ignore[attr-defined]
-        pl_module.training_step = training_step
+        self._swaps.set(trainer.strategy, "training_step", training_step)
 
-    def _read_step(self, outputs: Any, batch: Any) -> Any:
+    def _read_step(self, outputs: Any, batch: Any, capture: HeadCapture | None) -> Any:
         start = time.perf_counter()
         name = type(self.policy).__name__
         if self.policy.needs != ("index",):  # full and random data need no feedback
-            captured = self._capture.fields if self._capture is not None else {}
+            captured = capture.fields if capture is not None else {}
             self._fields = step_fields(outputs, batch, self.policy.needs, self._index, captured, name)
         if isinstance(outputs, dict) and "per_sample_loss" in outputs or not isinstance(batch, dict):
             if not bool((self._weight == 1).all()):
@@ -167,22 +161,18 @@ class DataSelection(L.Callback):
                          f"trainer max_epochs or max_steps (got max_epochs={trainer.max_epochs}, "
                          f"max_steps={trainer.max_steps})")
 
-    def _loader(self, trainer: L.Trainer, pl_module: L.LightningModule, base: DataLoader) -> DataLoader:
+    def _loader(self, trainer: L.Trainer) -> DataLoader:
         """The loader for the epoch about to start: finish the previous epoch if its end hook never ran
         (a run resumed from its last batch), select, and skip what a resumed run already trained on."""
-        assert self.sampler is not None
+        assert self.sampler is not None and self._dataloader is not None
         epoch = trainer.current_epoch
         if self.open_epoch is not None and self.open_epoch < epoch:
-            self._finish_epoch(trainer, pl_module, self.open_epoch)
+            self._finish_epoch(trainer, trainer.lightning_module, self.open_epoch)
         self.sampler.set_epoch(epoch)  # Lightning measures len() before it calls set_epoch itself
         if self._resume is not None and self._resume[0] == epoch:
             self.sampler.skip_samples(self._resume[1] * self.batch_size)
         self._resume = None
-        return DataLoader(
-            base.dataset, batch_size=self.batch_size, sampler=self.sampler, drop_last=False,
-            num_workers=base.num_workers, collate_fn=base.collate_fn, pin_memory=base.pin_memory,
-            worker_init_fn=base.worker_init_fn, timeout=base.timeout,
-        )
+        return self._dataloader  # one loader for the whole fit: its sampler is the one that changes
 
     def planned_steps(self, trainer: L.Trainer) -> int:
         """Optimizer steps the whole run will take under the selection schedule (min with max_steps)."""
@@ -219,9 +209,9 @@ class DataSelection(L.Callback):
         epoch = trainer.current_epoch
         count = len(self._index) * trainer.world_size
         if self.policy.needs != ("index",):  # full and random data need no feedback
-            step = gather(self._fields, pl_module, trainer.world_size)
-            count = step["index"].numel()
-            info = self.policy.observe(step, self.table, epoch)
+            assert self.sampler is not None
+            gather = RankGather(pl_module.all_gather, trainer.global_rank, trainer.world_size, pl_module.device)
+            info = self.policy.observe_local(self._fields, gather, self.table, epoch, self.sampler.num_epochs)
             for key in ("action_mean", "w"):  # summed here, logged once per epoch: a log() call per step costs
                 if key in info:  # more than the table update (every rank holds the same gathered values)
                     total, n = self._logged.get(key, (0.0, 0))

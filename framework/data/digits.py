@@ -1,5 +1,5 @@
 """Small classification workloads from scikit-learn (installed, nothing downloaded): 8×8 digits, and a harder
-synthetic 10-class problem with symmetric label noise on the training split (spec 2.4's setup).
+synthetic 10-class problem with symmetric label noise on the training split (data selection's noisy setup).
 
 Items are dicts {"x", "y", "index"}; the index lets a data-selection callback score and weight each sample.
 Training labels can be corrupted (`label_noise`): validation and test labels stay clean. `noisy` marks the

@@ -84,7 +84,7 @@ class SweepSet(Dataset):
 
 
 class HubnessSweep(L.LightningDataModule):
-    """The hubness experiments of the GICDM spec (§1.8 A–C) as validation data; see the module docstring."""
+    """The hubness experiments of docs/gicdm.md as validation data; see the module docstring."""
 
     def __init__(
         self,

@@ -1,10 +1,10 @@
-"""Key-value associative recall (spec 1.4, the harder variant): `BOS k1 v1 .. kN vN SEP kq vq EOS^p PAD...`.
+"""Key-value associative recall (the needle task's harder variant): `BOS k1 v1 .. kN vN SEP kq vq EOS^p PAD...`.
 
 N pairs with distinct keys; the query key kq repeats the key of pair q ("content-matched": the model must
 compare contents, not find a marker), and the answer is its value vq, right after the prompt `BOS pairs SEP kq`.
 Slot q = 0 is the pair farthest from the answer. p ~ U{0..max_eos} trailing EOS, as in the needle task.
-Same interface as `NeedleData`, so `mask_sweep` works on it. The spec measured that a 3-layer d=64 MDLM does
-not learn it in a CPU budget (3-4k steps: 0.17-0.23 accuracy); it is sized for a GPU (≥ 20k steps).
+Same interface as `NeedleData`, so `mask_sweep` works on it. A 3-layer d=64 MDLM stays at chance in a CPU
+budget (docs/mdlm.md); it is sized for a GPU (≥ 20k steps).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def kv_eval_batch(
 
 
 class KVRecallData(RetrievalData):
-    """Key-value recall (spec 1.4, GPU-sized): `n_train` rows from `seed`, `n_val` held-out rows from another
+    """Key-value recall (GPU-sized): `n_train` rows from `seed`, `n_val` held-out rows from another
     stream; `eval_batch(m, ...)` gives `prompt + [MASK]^(1+m)` inputs for the `mask_sweep` callback."""
 
     pad_id, mask_id, bos_id, sep_id, eos_id = PAD, MASK, BOS, SEP, EOS

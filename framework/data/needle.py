@@ -1,4 +1,4 @@
-"""The "needle" retrieval task of spec 1.4: find the value after a marker, then answer it after many masks.
+"""The "needle" retrieval task (docs/mdlm.md): find the value after a marker, then answer it after many masks.
 
 Row: `BOS c_0 .. c_{C-1} SEP v SEP v EOS^p PAD...`. The context has C = 16 content tokens holding one
 `NDL v` pair at slot q (context positions 2q, 2q+1; q = 0 is farthest from the answer); filler and value share
@@ -94,7 +94,7 @@ def needle_rows(
 
 
 def with_masks(prompt: Tensor, m: int, mask_id: int = MASK) -> Tensor:
-    """Evaluation input `prompt + [MASK]^(1+m)`: the answer mask plus m appended masks (spec 1.4)."""
+    """Evaluation input `prompt + [MASK]^(1+m)`: the answer mask plus m appended masks."""
     if m < 0:
         raise ValueError(f"m={m} appended masks must be >= 0")
     return torch.cat([prompt, prompt.new_full((prompt.shape[0], 1 + m), mask_id)], dim=1)
@@ -165,7 +165,7 @@ class RetrievalData(SplitData):
 
 
 class NeedleData(RetrievalData):
-    """Needle retrieval (spec 1.4): `n_train` training rows from `seed`, `n_val` held-out rows from another stream."""
+    """Needle retrieval: `n_train` training rows from `seed`, `n_val` held-out rows from another stream."""
 
     pad_id, mask_id, bos_id, sep_id, eos_id, needle_id = PAD, MASK, BOS, SEP, EOS, NDL
     make_rows, make_eval_batch = staticmethod(needle_rows), staticmethod(needle_eval_batch)

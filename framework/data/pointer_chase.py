@@ -1,4 +1,4 @@
-"""Pointer chasing, a reasoning-chain analogue (RLKV spec 2.4): multi-hop look-ups through a permutation.
+"""Pointer chasing, a reasoning-chain analogue for RLKV (docs/rlkv.md): multi-hop look-ups through a permutation.
 
 Row: `BOS a1 f(a1) .. aN f(aN) SEP s | f(s) f(f(s)) .. EOS PAD..`. The N symbols are drawn from `n_symbols`,
 listed in random order, and f is a random permutation of them. Each answer token needs a look-up of the previous
@@ -6,7 +6,7 @@ token in the (far) prompt. Tasks:
 
 * `chain` with `hops=None` (default): follow f until the chain returns to s, then EOS. The cycle length is
   uniform on 1..N, so *when to stop* depends on remembering s, which has left a short window after a few hops.
-* `chain` with `hops=K`: exactly K hops, then EOS (the spec's easier variant).
+* `chain` with `hops=K`: exactly K hops, then EOS (an easier variant).
 * `lookup`: one hop, `f(s) EOS` (a single-needle retrieval: the proxy task DuoAttention is trained on).
 
 With `distinct_answers=True` (default) answers are written with their own copy of the symbols (id + n_symbols),

@@ -1,4 +1,4 @@
-"""Samplers for a SUBS masked diffusion LM without time conditioning (spec 1.1 'Samplers' and LLaDA `generate`).
+"""Samplers for a SUBS masked diffusion LM without time conditioning (MDLM's samplers and LLaDA `generate`).
 
 `model` is any callable `model(tokens[, key_padding_mask=...]) -> logits (batch, seq, vocab)`. Positions of
 `x_init` that are not MASK stay fixed and only MASK positions are sampled, so prompts and infilling work.
@@ -56,7 +56,7 @@ def _check(x_init: Tensor, mask_id: int, steps: int, eps: float) -> None:
 
 
 def _noise_removal(model: Any, x: Tensor, mask_id: int, key_padding_mask: Tensor | None) -> Tensor:
-    """Final argmax at t = eps: every remaining MASK gets its most likely (non-MASK) token (spec 1.1)."""
+    """Final argmax at t = eps: every remaining MASK gets its most likely (non-MASK) token, as MDLM's sampler ends."""
     return subs_log_probs(model_logits(model, x, key_padding_mask), x, mask_id).argmax(-1)
 
 

@@ -1,4 +1,4 @@
-"""Orthogonal growth operators (arXiv 2510.08008; spec shared/specs/olion_growth.md §2.1–2.4).
+"""Orthogonal growth operators (arXiv 2510.08008; docs/growth.md).
 
 Depth: interpositional layer copying (l1 l1 l2 l2 …) or stacking (l1 l2 … l1 l2 …), optionally with the copies'
 output projections zeroed (each copy starts as the identity, so the function is preserved exactly). Width:

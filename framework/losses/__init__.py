@@ -1,4 +1,4 @@
-"""Losses: the MDLM NELBO (spec 1.1) and the reconstructed mask-agnostic CE + TV loss (spec 1.2)."""
+"""Losses: the MDLM NELBO and the reconstructed mask-agnostic CE + TV loss (docs/mdlm.md)."""
 
 from framework.losses.mask_agnostic import (
     DIVERGENCES,

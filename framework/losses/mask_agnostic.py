@@ -2,12 +2,12 @@
 
 RECONSTRUCTION, not the authors' equation: the paper text was unavailable; the abstract and summaries say only
 "cross-entropy with a distributional alignment term (CE + TV)" that makes predictions invariant to the number of
-appended masks. The form below is spec 1.2 [inferred]:
+appended masks. The form below is our inference:
 
     L = 1/2 [CE(y, p^(k1)) + CE(y, p^(k2))] + lam * D(p^(k1), p^(k2)),   x(k) = [prompt, MASK^n, MASK^k]
 
 with p^(k) the SUBS distribution at the n target positions (identical absolute positions in both views) and
-D = TV by default, p^(k1) detached (the few-mask view is the teacher; best in the spec's toy, 1.4).
+D = TV by default, p^(k1) detached (the few-mask view is the teacher; chosen on the needle task).
 The model is any callable `model(tokens[, key_padding_mask=...]) -> logits`; the caller adds the MDLM loss.
 Key-padding masks here are True = real token (framework models, Hugging Face's attention_mask); a model that
 reads PyTorch's convention (True = padding, as nn.MultiheadAttention) needs `mask_true_means="padding"`, and
@@ -54,7 +54,7 @@ def follow_mask_convention(model: Any, true_means: str = "real") -> Callable[...
 
 
 def tv_distance(p: Tensor, q: Tensor) -> Tensor:
-    """Total variation 1/2 sum_v |p_v - q_v| along the last dim; in [0, 1] for distributions (spec 1.2)."""
+    """Total variation 1/2 sum_v |p_v - q_v| along the last dim; in [0, 1] for distributions."""
     return 0.5 * (p - q).abs().sum(-1)
 
 
@@ -78,7 +78,7 @@ def mask_agnostic_views(
     prompt_lengths: Tensor | None = None,
     revealed: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Rows `[prompt_r, MASK^n, MASK^tails_r, PAD...]` for prompts (R, P) and tail lengths (R,) (spec 1.2).
+    """Rows `[prompt_r, MASK^n, MASK^tails_r, PAD...]` for prompts (R, P) and tail lengths (R,).
 
     Returns tokens (R, T), key_padding_mask (R, T; True = real) and the ABSOLUTE target positions (R, n),
     which depend on the prompt length only, never on the tail. `revealed` (R, n) holds target ids to show
@@ -166,7 +166,7 @@ def _convention_tolerance(dtype: torch.dtype) -> float:
 class MaskAgnosticLoss(nn.Module):
     """CE on the targets in a few-mask view x(k1) and a many-mask view x(k2), plus lam * D(p^(k1), p^(k2)).
 
-    A reconstruction from the paper's abstract and summaries (spec 1.2, [inferred]); see the module docstring.
+    A reconstruction from the paper's abstract and summaries (inferred); see the module docstring.
     k2 ~ U{k1+1..k_max}, drawn once per batch or per example. With `batch_views` both views go through one
     forward pass of 2B rows, right-padded with PAD that a key-padding mask hides from attention; without it each
     view has its own pass, so a model without a key-padding mask works when tails are shared (`per_batch`).
@@ -230,7 +230,7 @@ class MaskAgnosticLoss(nn.Module):
         return k2.expand(batch).to(device)
 
     def _reveal(self, target: Tensor, generator: torch.Generator | None) -> Tensor:
-        """Spec 1.2 partial targets: with prob `partial_target_prob` a row shows a random fraction t of its
+        """Partial targets: with prob `partial_target_prob` a row shows a random fraction t of its
         targets (the same pattern in both views); returns the shown ids, -1 where the mask stays."""
         batch, n = target.shape
         where = draw_device(generator, target.device)

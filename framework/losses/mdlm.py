@@ -1,5 +1,5 @@
 """MDLM (Sahoo et al., NeurIPS 2024): absorbing-state forward process, SUBS parameterisation and the
-continuous-time NELBO with the log-linear schedule, faithful to kuleshov-group/mdlm (spec 1.1).
+continuous-time NELBO with the log-linear schedule, faithful to kuleshov-group/mdlm (arXiv 2406.07524).
 
 No time conditioning: the optimal denoiser p(x | z_t) of the absorbing process does not depend on t, so the
 model is any callable `model(tokens[, key_padding_mask=...]) -> logits (batch, seq, vocab)`.
@@ -29,7 +29,7 @@ def model_logits(model: Any, tokens: Tensor, key_padding_mask: Tensor | None = N
 
 
 class LogLinearSchedule:
-    """Log-linear noise: sigma(t) = -log(1 - (1-eps) t), so alpha_t = 1 - (1-eps) t (spec 1.1, `LogLinearNoise`)."""
+    """Log-linear noise: sigma(t) = -log(1 - (1-eps) t), so alpha_t = 1 - (1-eps) t (MDLM's `LogLinearNoise`)."""
 
     def __init__(self, eps: float = 1e-3):
         if not 0.0 <= eps < 1.0:
@@ -76,7 +76,7 @@ def mask_tokens(
 
 
 def subs_log_probs(logits: Tensor, xt: Tensor, mask_id: int, never_predict: tuple[int, ...] = ()) -> Tensor:
-    """SUBS (spec 1.1): log-probs with p[MASK] = 0 (and p = 0 for `never_predict` ids, e.g. PAD); at unmasked
+    """SUBS: log-probs with p[MASK] = 0 (and p = 0 for `never_predict` ids, e.g. PAD); at unmasked
     positions carry the input over (log p[xt] = 0, every other entry -1e6)."""
     vocab = logits.shape[-1]
     for i in (mask_id, *never_predict):
@@ -115,7 +115,7 @@ def mdlm_nelbo(
     sampling_eps: float = 1e-3,
     reduction: str = "tokens",
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Continuous-time MDLM NELBO, E_t[(1/t) sum_{masked l} -log p(x_l | z_t)] (spec 1.1, `_forward_pass_diffusion`).
+    """Continuous-time MDLM NELBO, E_t[(1/t) sum_{masked l} -log p(x_l | z_t)] (MDLM's `_forward_pass_diffusion`).
 
     `attention_mask` (True = real token) excludes padding from masking, attention and the loss;
     `prompt_mask` (True = prompt) keeps those tokens clean (LLaDA SFT). `reduction="tokens"` is MDLM's
@@ -162,7 +162,7 @@ def perplexity_upper_bound(nll_sum: Tensor | float, tokens: Tensor | float) -> T
 
 class NelboBound(Metric):
     """Accumulates NELBO nats and token counts (float64, summed across ranks); `compute()` returns the
-    per-token NELBO, its bits-per-token and the perplexity upper bound (spec 1.1 'Perplexity reporting')."""
+    per-token NELBO, its bits-per-token and the perplexity upper bound, as MDLM reports them."""
 
     full_state_update = False
 

@@ -4,7 +4,7 @@
 neighbour, self excluded). Corrections rescale distances as d'(a, b) = δ_a δ_b d(a, b) and recompute every radius
 under d'; they are opt-in:
 
-* `icdm`: ICDM factors δ_x on the real set; generated points keep δ_y = 1 (the spec's "correct reals only").
+* `icdm`: ICDM factors δ_x on the real set; generated points keep δ_y = 1 (only the reals are corrected).
 * `gicdm_reconstructed`: **our reconstruction** of GICDM (Salvy, Talbot, Thirion, arXiv 2602.16449), whose algorithm
   text was not available; it is not the paper's method and it over-corrects clearly different sets (docs/gicdm.md),
   so using it warns once per process (`ReconstructionWarning`). Real factors by ICDM; each generated point gets the

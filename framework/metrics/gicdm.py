@@ -16,12 +16,14 @@ computation of `framework.metrics.functional.prdc` on the gathered sets and retu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat, rank_zero_warn
+from torchmetrics.utilities.distributed import gather_all_tensors
 
 from framework.metrics.functional import NEIGHBOURS, check_correction, prdc
 
@@ -36,6 +38,15 @@ def _rows(state: list[Tensor] | Tensor) -> int:
     return sum(int(t.shape[0]) for t in state) if isinstance(state, list) else int(state.shape[0])
 
 
+def _fingerprint(x: Tensor) -> Tensor:
+    """(rows, columns, sum, row-weighted sum) in float64: equal for bitwise-equal sets, order included."""
+    x = x.flatten(1).double() if x.numel() else x.new_zeros((0, 0), dtype=torch.float64)
+    rows = x.sum(1)
+    weights = torch.arange(1, rows.numel() + 1, dtype=torch.float64, device=x.device)
+    return torch.stack([x.new_tensor(float(x.shape[0])), x.new_tensor(float(x.shape[1])), rows.sum(),
+                        (rows * weights).sum()])
+
+
 class GICDM(Metric):
     """Exact P/R/D/C (prdc conventions) with the real set's k-occurrence skewness before and after the correction.
 
@@ -44,9 +55,12 @@ class GICDM(Metric):
     'icdm' (real factors only) or 'gicdm_reconstructed' (ours; warns once). `neighbours`: 'exact' (default) or
     'approx_graph' (ICDM on a candidate graph); `approx_graph` in the result is 1.0 when the approximation ran.
     `strict=False` uses Kynkäänniemi's `<=`. `reset_real_features=False` keeps the real features across `reset()`
-    (evaluate many generators against one reference). Other keyword arguments of `prdc` (alpha, max_iter, tol,
-    beta, filter_scales, filter_quantile, candidates, dense_max, block_size) go in `options`; the rest (e.g.
-    `compute_on_cpu=True`) to torchmetrics' `Metric`.
+    (evaluate many generators against one reference). `real_replicated=True` says every process holds the same real
+    set (a reference each rank loads whole): under DDP it is then counted once, not gathered from every rank, and a
+    rank holding other reals is an error; by default reals, like generated features, are each rank's shard and are
+    concatenated. Other keyword arguments of `prdc` (alpha, max_iter, tol, beta, filter_scales, filter_quantile,
+    candidates, dense_max, block_size) go in `options`; the rest (e.g. `compute_on_cpu=True`) to torchmetrics'
+    `Metric`.
     """
 
     is_differentiable = False
@@ -64,6 +78,7 @@ class GICDM(Metric):
         neighbours: str = "exact",
         reset_real_features: bool = True,
         options: dict[str, Any] | None = None,
+        real_replicated: bool = False,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -80,9 +95,10 @@ class GICDM(Metric):
         self.feature = feature
         self.k, self.correction, self.strict, self.neighbours = k, correction, strict, neighbours
         self.reset_real_features = reset_real_features
+        self.real_replicated = bool(real_replicated)
         self.options = dict(options or {})
         self.info: dict[str, Any] = {}
-        self._in_forward = self._warned_one_sided = False
+        self._in_forward = self._warned_one_sided = self._warned_duplicates = False
         self.add_state("real_features", [], dist_reduce_fx="cat")
         self.add_state("fake_features", [], dist_reduce_fx="cat")
 
@@ -147,6 +163,43 @@ class GICDM(Metric):
         self.info = {key: v for key, v in out.items() if key not in KEYS}
         self.info.update(n_real=int(real.shape[0]), n_fake=int(fake.shape[0]))
         return {key: torch.tensor(out[key], dtype=torch.float32, device=real.device) for key in KEYS}
+
+    def _sync_dist(self, dist_sync_fn: Callable = gather_all_tensors, process_group: Any | None = None) -> None:
+        """torchmetrics' sync, except that replicated reals stay this rank's copy (checked equal on every rank)."""
+        if not self.real_replicated:
+            local = _rows(self.real_features)
+            super()._sync_dist(dist_sync_fn, process_group)
+            self._warn_if_duplicated(local)
+            return
+        group = process_group or self.process_group
+        reals = dim_zero_cat(self.real_features) if self.real_features else torch.empty(0, device=self.device)
+        mine = _fingerprint(reals)
+        prints = dist_sync_fn(mine, group=group)
+        bad = [rank for rank, other in enumerate(prints) if not torch.equal(other, prints[0])]
+        if bad:
+            raise ValueError(
+                f"GICDM(real_replicated=True) needs the same real features on every rank; rank(s) {bad} hold other "
+                f"reals than rank 0 (rows, columns, checksums per rank: {[p.tolist() for p in prints]}). Shard the "
+                "reals without real_replicated to have them concatenated instead")
+        fx = self._reductions.pop("real_features")
+        try:
+            super()._sync_dist(dist_sync_fn, process_group)
+        finally:
+            self._reductions["real_features"] = fx
+
+    def _warn_if_duplicated(self, local: int) -> None:
+        """After a sync that concatenated the reals: warn once if they are copies of one set, one per rank."""
+        world = torch.distributed.get_world_size(self.process_group) if torch.distributed.is_initialized() else 1
+        total = _rows(self.real_features)
+        if self._warned_duplicates or world < 2 or not local or total != world * local:
+            return
+        copies = dim_zero_cat(self.real_features).reshape(world, local, -1)
+        if all(torch.equal(copies[0], copy) for copy in copies[1:]):
+            self._warned_duplicates = True
+            rank_zero_warn(
+                f"GICDM: every one of the {world} ranks holds the same {local} real features, so the synced real set "
+                f"holds each one {world} times and every k-NN radius shrinks; pass real_replicated=True to count a "
+                "reference set that every rank loads once", stacklevel=2)
 
     def reset(self) -> None:
         """Clear the states; with `reset_real_features=False` the real features survive (KID/FID pattern)."""

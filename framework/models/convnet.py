@@ -19,7 +19,7 @@ def _shape(input_shape: list[int] | tuple[int, ...] | None, num_classes: int | N
 
 
 class MLP(RecordsConfig):
-    """Flatten → `depth` × (Linear, ReLU) of width `hidden` → Linear head (the spec's 64→256→256→10 MLP)."""
+    """Flatten → `depth` × (Linear, ReLU) of width `hidden` → Linear head (data_agent_digits' 64→256→256→10 MLP)."""
 
     def __init__(self, input_shape: list[int] | None = None, num_classes: int | None = None, hidden: int = 256,
                  depth: int = 2):

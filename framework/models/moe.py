@@ -6,7 +6,7 @@ training forward leaves `aux_loss_coef · balance` pending, and the training ste
 `model.pop_aux_loss()` to the loss it returns, so gradient accumulation, loss multipliers and AMP scaling
 reach it exactly as they reach the main loss (framework modules do this; see `TrainModule.pop_model_aux_loss`).
 Experts are separate modules (one 2-D matrix per tensor), so OLion/Muon orthogonalise each expert on its own and
-width growth (framework.grow) can append copies. Spec: shared/specs/olion_growth.md §2.2.
+width growth (framework.grow, docs/growth.md) can append copies.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from framework.models.base import RecordsConfig
 from framework.models.transformer import LanguageModel, check_positive
 
 #: Router conventions. All but `sigmoid_topk` give each token gate weights that sum to a quantity unchanged by
-#: duplicating every expert and doubling top_k (so noise-free width growth preserves the function, spec §2.2).
+#: duplicating every expert and doubling top_k (so noise-free width growth preserves the function).
 ROUTERS = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sigmoid_topk_norm", "sigmoid_topk")
 
 

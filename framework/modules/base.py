@@ -124,6 +124,8 @@ def rebase_lr(optimizer: torch.optim.Optimizer, schedulers: list[Any], configure
         group[key] = want
         if key == "initial_lr" and ratio is not None:
             group["lr"] = group["lr"] * ratio
+        if ratio is not None and group.get("adamw_lr_base"):  # OLion: its fixed AdamW-branch lr stays where it was
+            group["adamw_lr_base"] = group["adamw_lr_base"] * ratio
         for sched in schedulers:
             if getattr(sched, "optimizer", None) is not optimizer or not hasattr(sched, "base_lrs"):
                 continue

@@ -22,7 +22,7 @@ from framework.strategies import reshard
 
 
 class MDLMModule(TrainModule):
-    """Trains a bidirectional tokens→logits model as a masked diffusion LM (spec 1.1), plus `extra_loss`.
+    """Trains a bidirectional tokens→logits model as a masked diffusion LM (docs/mdlm.md), plus `extra_loss`.
 
     Batches are dicts with `tokens` and optionally `attention_mask` (True = real token) and `prompt_mask`
     (True = prompt). A fraction `sft_fraction` of rows keeps its prompt clean (LLaDA SFT masking); validation

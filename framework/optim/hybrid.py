@@ -1,13 +1,14 @@
 """Parameter routing shared by OLion and MuonAdamW: hidden matrices to the orthogonal branch, rest to AdamW.
 
-Spec: shared/specs/olion_growth.md §1.5 ("which parameters go to OLion"). Embeddings, heads, norms, biases,
-tokens and all 1-D/scalar params go to AdamW; ≥2-D hidden weights (Linear, conv viewed as (out, in·k…)) go to
-the orthogonal branch. The predicate is user-overridable.
+Embeddings, heads, norms, biases, tokens, a convnet's stem and classifier and all 1-D/scalar params go to AdamW
+(names matched by whole words; `convnet_edges` by position); ≥2-D hidden weights (Linear, conv viewed as
+(out, in·k…)) go to the orthogonal branch. The predicate is user-overridable.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import re
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from torch import Tensor
@@ -16,12 +17,26 @@ from framework.optim.newton_schulz import check_ns_form
 
 Predicate = Callable[[str, Tensor], bool]
 
-# A name is "not hidden" when any dot-separated part contains one of these substrings ...
-NON_HIDDEN_SUBSTRINGS = ("emb", "norm", "bias", "token")
-# ... or equals one of these module names (`output` is torchtitan's Llama head, `stem` a first conv) ...
-NON_HIDDEN_PARTS = ("wte", "wpe", "lm_head", "head", "output", "final_layer", "classifier", "fc_norm", "stem")
-# ... or starts with this prefix (ln_1, ln_f, ln1: GPT-style LayerNorms).
-NON_HIDDEN_PREFIXES = ("ln",)
+# A name is "not hidden" when one of its words (each dot-separated part split at "_", digits and case changes:
+# `patch_embed` → patch, embed; `norm1` → norm; `LayerNorm` → layer, norm) is one of these: embeddings, learned
+# tokens, norms, biases (whole words, so `member_proj` or `assembly` stays hidden) ...
+NOT_A_LAYER_WORDS = frozenset({
+    "emb", "embed", "embeds", "embedding", "embeddings", "wte", "wpe", "token", "tokens",
+    "norm", "layernorm", "rmsnorm", "groupnorm", "batchnorm", "ln", "bias",
+})  # fmt: skip
+NON_HIDDEN_WORDS = NOT_A_LAYER_WORDS | {"stem"}  # `stem`, `conv_stem`: a first conv
+# ... or a whole part is one of these module names (`output` is torchtitan's Llama head).
+NON_HIDDEN_PARTS = frozenset({"lm_head", "head", "output", "final_layer", "classifier"})
+
+#: AdamW branch's lr of OLion and MuonAdamW unless `adamw_lr` is given: a fixed value, so raising the orthogonal
+#: branch's lr leaves embeddings, heads, norms and biases where AdamW wants them (`adamw_lr=None` ties it to `lr`).
+DEFAULT_ADAMW_LR = 1e-3
+
+#: A convnet's stem reads the raw input: RGB(A) or grey images.
+STEM_MAX_IN_CHANNELS = 4
+
+_CASE_CHANGE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_NOT_LETTERS = re.compile(r"[^a-z]+")
 
 
 #: Options of the hybrid optimizers that must be >= 0 (None means "same as the main value").
@@ -52,22 +67,74 @@ def check_options(opts: dict[str, Any]) -> None:
         raise ValueError(f"ns_steps={ns!r} is invalid: must be an integer >= 1")
 
 
-def is_hidden_matrix(name: str, p: Tensor) -> bool:
-    """Default routing (§1.5): True for ≥2-D weights whose name marks no embedding/head/norm/bias/token.
+def name_words(part: str) -> list[str]:
+    """The lower-case words of one dot-separated name part: split at non-letters and lower→upper case changes."""
+    return [w for w in _NOT_LETTERS.split(_CASE_CHANGE.sub("_", part).lower()) if w]
 
-    Names are matched per dot-separated part, so a first conv named `stem` (or `patch_embed`) goes to AdamW,
-    and so does BERT's `attention.output.dense` (pass a predicate there). ≥3-D tensors count as conv kernels,
-    viewed as (out, in·k…); stacked MoE expert weights (E, out, in) would be viewed the same way, so route
-    those with a custom predicate. Unnamed tensors (name "") are routed by ndim alone.
+
+def _has_word(name: str, words: frozenset[str]) -> bool:
+    return any(w in words for part in name.split(".") for w in name_words(part))
+
+
+def is_hidden_matrix(name: str, p: Tensor) -> bool:
+    """Name routing: True for ≥2-D weights whose name marks no embedding, token, norm, bias, stem or head.
+
+    Whole words and parts are matched, never substrings (`NON_HIDDEN_WORDS`, `NON_HIDDEN_PARTS`): `patch_embed`,
+    `cls_token`, `conv_stem`, `lm_head` go to AdamW, `member_proj` stays hidden; BERT's `attention.output.dense`
+    goes to AdamW too, for its part `output` (pass a predicate there). ≥3-D tensors count as conv kernels, viewed as
+    (out, in·k…); stacked MoE expert weights (E, out, in) would be viewed the same way, so route those with a
+    custom predicate. Unnamed tensors (name "") are routed by ndim alone. OLion and MuonAdamW also send a convnet's
+    stem and classifier to AdamW when they route by default (`convnet_edges`).
     """
     if p.ndim < 2:
         return False
-    for part in name.lower().split("."):
-        if any(s in part for s in NON_HIDDEN_SUBSTRINGS):
-            return False
-        if part in NON_HIDDEN_PARTS or part.startswith(NON_HIDDEN_PREFIXES):
-            return False
-    return True
+    return not (_has_word(name, NON_HIDDEN_WORDS) or any(part.lower() in NON_HIDDEN_PARTS for part in name.split(".")))
+
+
+def convnet_edges(named: Sequence[tuple[str, Tensor]]) -> list[int]:
+    """Positions in `named` (registration order) of a convnet's stem and classifier, which go to AdamW (Muon's
+    convention: the network's input and output layers are not hidden layers).
+
+    Only layer weights count: ≥2-D parameters whose name marks no embedding, token, norm or bias. The stem is the
+    first of them when it is a conv kernel reading at most `STEM_MAX_IN_CHANNELS` channels, an image's (ResNet's
+    `conv1`: a frozen stem or part of a network starts with a wider conv, which stays hidden); the classifier is the
+    last when it is a matrix right after a conv kernel (ResNet's `fc` on pooled conv features). Unnamed parameters
+    are skipped.
+    """
+    layers = [i for i, (name, p) in enumerate(named) if name and p.ndim >= 2 and not _has_word(name, NOT_A_LAYER_WORDS)]
+    edges = []
+    if layers and named[layers[0]][1].ndim >= 3 and named[layers[0]][1].shape[1] <= STEM_MAX_IN_CHANNELS:
+        edges.append(layers[0])
+    if len(layers) >= 2 and named[layers[-1]][1].ndim == 2 and named[layers[-2]][1].ndim >= 3:
+        edges.append(layers[-1])
+    return edges
+
+
+def edge_ids(groups: list[Any]) -> set[int]:
+    """`id()`s of the tensors `convnet_edges` picks among all named parameters of `groups` (materialised groups:
+    dicts whose "params" are lists, or (name, tensor) pairs / tensors)."""
+    named: list[tuple[str, Tensor]] = []
+    for group in groups:
+        items = group["params"] if isinstance(group, dict) else [group]
+        items = [items] if isinstance(items, Tensor) else items
+        names = list(group.get("param_names", [])) if isinstance(group, dict) else []
+        for k, item in enumerate(items):
+            if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Tensor):
+                named.append((str(item[0]), item[1]))
+            elif isinstance(item, Tensor):
+                named.append((names[k] if k < len(names) else "", item))
+    return {id(named[i][1]) for i in convnet_edges(named)}
+
+
+def materialise(params: Any) -> Any:
+    """`params` as lists (a generator read once here is still there for torch), groups copied; a tensor or
+    anything else torch refuses is returned unchanged, for torch's own error."""
+    if isinstance(params, Tensor) or not isinstance(params, Iterable):
+        return params
+    items = list(params)
+    keep = Tensor | set | None  # torch wraps a tensor and refuses a set itself
+    return [{**g, "params": g["params"] if isinstance(g.get("params"), keep) else list(g["params"])}
+            if isinstance(g, dict) else g for g in items]
 
 
 def param_label(name: str, p: Tensor) -> str:

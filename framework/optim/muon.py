@@ -1,7 +1,7 @@
 """A baseline for OLion: torch.optim.Muon + AdamW as one optimizer (OLion without its sign step is
 `OLion(sign=False)`, registered as `ortho_momentum`).
 
-Spec: shared/specs/olion_growth.md §1.7 (torch.optim.Muon anchor) and §1.6 T12 (OLion vs Muon).
+It anchors the orthogonal branch to PyTorch's own Muon, and `tools/bench/optimizers.py` compares OLion with it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from framework.optim.hybrid import Predicate, check_options, is_hidden_matrix, normalize_param_groups, split_group
+from framework.optim.hybrid import (
+    DEFAULT_ADAMW_LR,
+    Predicate,
+    check_options,
+    edge_ids,
+    is_hidden_matrix,
+    materialise,
+    normalize_param_groups,
+    split_group,
+)
 
 MUON_ADJUST_LR_FNS = ("original", "match_rms_adamw", "spectral_unclamped")
 
@@ -20,9 +29,11 @@ MUON_ADJUST_LR_FNS = ("original", "match_rms_adamw", "spectral_unclamped")
 class MuonAdamW(torch.optim.Optimizer):
     """torch.optim.Muon for hidden 2-D weights and torch.optim.AdamW for the rest, as ONE optimizer object.
 
-    Routing is OLion's (`is_hidden_matrix` or `predicate`) restricted to 2-D, since torch.optim.Muon rejects
-    other shapes: conv kernels go to AdamW. `param_groups` is the union of the two inner optimizers' groups
-    (the same dicts, each tagged `use_muon`), so LR schedulers and Lightning checkpoints see one optimizer.
+    Routing is OLion's (`is_hidden_matrix` and a convnet's classifier, or `predicate`) restricted to 2-D, since
+    torch.optim.Muon rejects other shapes: conv kernels go to AdamW. The AdamW branch runs at `adamw_lr`, a fixed
+    `DEFAULT_ADAMW_LR` unless given (`adamw_lr=None`: each group's `lr`). `param_groups` is the union of the two
+    inner optimizers' groups (the same dicts, each tagged `use_muon`), so LR schedulers and Lightning checkpoints
+    see one optimizer.
     `adjust_lr_fn="match_rms_adamw"` scales Muon updates to 0.2·sqrt(max dim), AdamW's steady-state update RMS;
     that does not make `lr` AdamW's lr (AdamW's early steps are larger): the char_lm sweep in
     `tools/bench/optimizers.py` finds Muon's best lr well above AdamW's, as for OLion.
@@ -39,7 +50,7 @@ class MuonAdamW(torch.optim.Optimizer):
         ns_steps: int = 5,
         eps: float = 1e-7,
         adjust_lr_fn: str | None = "match_rms_adamw",
-        adamw_lr: float | None = None,
+        adamw_lr: float | None = DEFAULT_ADAMW_LR,
         adamw_betas: tuple[float, float] = (0.9, 0.95),
         adamw_eps: float = 1e-10,
         adamw_weight_decay: float | None = None,
@@ -55,18 +66,22 @@ class MuonAdamW(torch.optim.Optimizer):
             ns_steps=ns_steps,
             eps=eps,
             adjust_lr_fn=adjust_lr_fn,
-            adamw_lr=lr if adamw_lr is None else adamw_lr,
+            adamw_lr=adamw_lr,
             adamw_betas=tuple(adamw_betas),
             adamw_eps=adamw_eps,
             adamw_weight_decay=weight_decay if adamw_weight_decay is None else adamw_weight_decay,
         )
         check_options(self.hparams)
         user_predicate = predicate or is_hidden_matrix
-        self.predicate: Callable[[str, Tensor], bool] = lambda n, p: p.ndim == 2 and user_predicate(n, p)
+        groups = normalize_param_groups(materialise(params))
+        edges = edge_ids(groups) if predicate is None else set()  # a convnet's classifier, among these params only
+        self.predicate: Callable[[str, Tensor], bool] = (
+            lambda n, p: p.ndim == 2 and id(p) not in edges and user_predicate(n, p))
         self._muon: torch.optim.Muon | None = None
         self._adamw: torch.optim.AdamW | None = None
         # empty defaults: the inner optimizers own their groups' keys, the wrapper adds none
-        super().__init__(normalize_param_groups(params), {})
+        super().__init__(groups, {})
+        edges.clear()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Route a group (per-group `lr`, `weight_decay`, `adamw_*` overrides allowed) to Muon and AdamW."""
@@ -90,7 +105,7 @@ class MuonAdamW(torch.optim.Optimizer):
             else:
                 sub.update(
                     use_muon=False,
-                    lr=h["adamw_lr"],
+                    lr=h["lr"] if h["adamw_lr"] is None else h["adamw_lr"],
                     betas=h["adamw_betas"],
                     eps=h["adamw_eps"],
                     weight_decay=h["adamw_weight_decay"] if kind == "decay" else 0.0,

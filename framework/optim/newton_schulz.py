@@ -1,7 +1,7 @@
 """Quintic Newton–Schulz orthogonalisation (Keller Jordan's NS5), shared by OLion and its NS-only ablation.
 
-Spec: shared/specs/olion_growth.md §1.3. The iteration maps G = U Σ Vᵀ to roughly U Σ' Vᵀ with Σ' in a band
-around 1 (≈[0.68, 1.2] after 5 steps for σ/‖G‖_F ≥ 1.5e-3); it does not converge to exactly U Vᵀ.
+The iteration maps G = U Σ Vᵀ to roughly U Σ' Vᵀ with Σ' in a band around 1 (≈[0.68, 1.2] after 5 steps for σ/‖G‖_F
+≥ 1.5e-3); it does not converge to exactly U Vᵀ.
 """
 
 from __future__ import annotations

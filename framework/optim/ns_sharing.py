@@ -1,10 +1,9 @@
 """Sharing OLion's Newton–Schulz work across ranks (DDP) and gathering sharded matrices (FSDP2 / DTensor).
 
-Spec: shared/specs/olion_growth.md §1.5 (distributed). The unit of work is a run of at most `ns_batch`
-same-shape matrices (one batched NS call); which units exist depends only on the parameters and `ns_batch`,
-never on the world size, so a rank computes a unit's result exactly as a single process would. Each unit gets
-an owner rank by greedy longest-processing-time on its NS cost (`ns_cost`); owners broadcast their
-results, one flat buffer per owner and wire dtype (the sign step's ±1/0 travel as int8).
+The unit of work is a run of at most `ns_batch` same-shape matrices (one batched NS call); which units exist depends
+only on the parameters and `ns_batch`, never on the world size, so a rank computes a unit's result exactly as a
+single process would. Each unit gets an owner rank by greedy longest-processing-time on its NS cost (`ns_cost`);
+owners broadcast their results, one flat buffer per owner and wire dtype (the sign step's ±1/0 travel as int8).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """OLion (Orthogonal Lion, arXiv 2602.01105) for hidden matrices, with an internal AdamW for everything else.
 
-Spec: shared/specs/olion_growth.md §1.2 (update rule), §1.4 (defaults), §1.5 (routing, conv, distributed).
+docs/olion.md states the update rule, the defaults, the routing, the conv view and the distributed modes.
 One optimizer object, so Lightning checkpoints it as one state and LR schedulers see every group's `lr`.
 """
 
@@ -14,7 +14,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from framework.optim.hybrid import Predicate, check_options, is_hidden_matrix
+from framework.optim.hybrid import (
+    DEFAULT_ADAMW_LR,
+    Predicate,
+    check_options,
+    edge_ids,
+    is_hidden_matrix,
+    materialise,
+)
 from framework.optim.newton_schulz import Workspace, orthogonalize, sign_norm, uses_gram
 from framework.optim.ns_dtype import AUTO_KEY, group_ns_dtype
 from framework.optim.ns_sharing import (
@@ -42,30 +49,38 @@ DEFAULT_NS_BATCH_CUDA = 8
 
 
 class OLion(torch.optim.Optimizer):
-    """OLion: W ← W(1−ηλ) − η·s·sign(NS5(c)), c a Nesterov mix of g and the EMA m (§1.2); AdamW for the rest.
+    """OLion: W ← W(1−ηλ) − η·s·sign(NS5(c)), c a Nesterov mix of g and the EMA m; AdamW for the rest.
 
     `params`: (name, Parameter) pairs (preferred: `model.named_parameters()`), plain tensors, or group dicts
-    (each is routed, unless it sets "use_olion" itself). Plain tensors (`model.parameters()`) carry no names,
+    (each is routed, unless it sets "use_olion" itself). Default routing: `is_hidden_matrix` on each name (whole
+    words: embeddings, tokens, norms, biases, stems, heads go to AdamW) and, over the named parameters given at
+    construction, a convnet's stem and classifier to AdamW (`convnet_edges`); `predicate=` replaces both (pass
+    `is_hidden_matrix` for the name rule alone). Plain tensors (`model.parameters()`) carry no names,
     so the default routing sees shapes only and sends EVERY ≥2-D tensor, the embeddings and the output head
     included, to the orthogonal branch; the optimizer warns once when that happens. Pass names to route them
     to AdamW. `param_groups` holds exactly the groups passed (one group for a flat list), so LR schedulers see
     the user's groups; each group's `orthogonal` lists one bool per parameter (True: the orthogonal branch).
     The AdamW branch uses `adamw_betas`, `adamw_eps`, `adamw_weight_decay` (None: `weight_decay`) and the lr
     `adamw_lr`·lr/`adamw_lr_base` (`adamw_lr_base` is the group's lr at construction, so a schedule on `lr`
-    scales both branches; `adamw_lr=None`: the group's lr). It decays ≥2-D params (embeddings, heads) only,
-    never norms or biases. Complex parameters are refused. A scheduler's `cycle_momentum` cycles `betas[0]`
-    (β1 below, as for Lion), not the AdamW branch's `adamw_betas`.
+    scales both branches by the same factor). `adamw_lr` defaults to a fixed `DEFAULT_ADAMW_LR` (AdamW's own lr,
+    whatever OLion's lr is, as Muon's users run it); `adamw_lr=None` ties it to the group's lr (the default before).
+    It decays ≥2-D params (embeddings, heads) only, never norms or biases. Complex parameters are refused. A
+    scheduler's `cycle_momentum` cycles `betas[0]` (β1 below, as for Lion), not the AdamW branch's `adamw_betas`.
 
     β1 (`betas[0]`) is the interpolation weight and β2 the EMA decay, as in the authors' code:
     m ← β2·m + (1−β2)·g first, then c = (1−β1)·g + β1·m with the new m (`pre_update_momentum=True`: the old
     m, Lion's order; `nesterov=False`: c = m). Scales use the 2-D view (out, in·k…): `use_scale` sets
-    ‖S‖_F = sqrt(min dim), `rms_scale` multiplies by 0.2·sqrt(max dim), so by default every entry moves by
-    exactly ±0.2·lr. `sign=False` drops the sign step (the NS-only ablation, registered as `ortho_momentum`).
+    ‖S‖_F = sqrt(min dim), `rms_scale` multiplies by 0.2·sqrt(max dim), so by default the update's RMS over all
+    entries is exactly 0.2·lr. Each entry moves by ±0.2·lr·sqrt(out·in/nnz) or not at all, nnz the nonzero count
+    of sign(NS5(c)): exactly ±0.2·lr when no sign is 0, larger when c has zero rows or columns (dead units or
+    inputs: 25% dead inputs give 0.2·lr·sqrt(4/3)). `sign=False` drops the sign step (the NS-only ablation,
+    registered as `ortho_momentum`).
 
-    The lr to start from is NOT AdamW's lr: AdamW's first steps move entries by up to lr, OLion's by 0.2·lr, so at
-    AdamW's lr OLion trains several times slower. `tools/bench/optimizers.py` (table (e) in BENCHMARKS.md) measures
-    the lr ratio OLion/AdamW at which OLion first matches AdamW's best result on each workload: start from AdamW's
-    best lr times that ratio (8 on the new-user MLP, 3.33 on char_lm at 300 steps) and sweep around it.
+    The lr to start from is NOT AdamW's lr: AdamW's first steps move entries by up to lr, OLion's by 0.2·lr (RMS),
+    so at AdamW's lr OLion trains several times slower. `tools/bench/optimizers.py` (tables (c) and (e) in
+    BENCHMARKS.md) measures the lr ratio OLion/AdamW at which OLion first matches AdamW's best result on each
+    workload: start from AdamW's best lr times that ratio and sweep around it. Table (f) measures the AdamW
+    branch's lr at OLion's best: small models trained briefly want it higher than the default, up to OLion's lr.
 
     `ns_dtype` (a dtype or its name) sets the Newton–Schulz dtype; None means the faster of bf16 and fp32 on the
     device, measured once per process (`framework.optim.ns_dtype`: bf16 on GPUs and on CPUs with bf16 matrix
@@ -97,7 +112,7 @@ class OLion(torch.optim.Optimizer):
         pre_update_momentum: bool = False,
         sign: bool = True,
         eps: float = 1e-8,
-        adamw_lr: float | None = None,
+        adamw_lr: float | None = DEFAULT_ADAMW_LR,
         adamw_betas: tuple[float, float] = (0.9, 0.95),
         adamw_eps: float = 1e-10,
         adamw_weight_decay: float | None = None,
@@ -138,7 +153,11 @@ class OLion(torch.optim.Optimizer):
         self.predicate: Callable[[str, Tensor], bool] = predicate or is_hidden_matrix
         self._warned_unnamed = False
         self._workspace = Workspace()  # CPU buffers reused every step: `_momentum_direction`, NS
+        params = materialise(params)
+        # a convnet's stem and classifier, found among all the params given now (later groups: names only)
+        self._edges = edge_ids(params) if predicate is None and isinstance(params, list) else set()
         super().__init__(params, defaults)
+        self._edges = set()
 
     def __getstate__(self) -> dict[str, Any]:
         """Torch's state plus OLion's own settings, so deepcopy and pickle keep a working optimizer."""
@@ -158,7 +177,7 @@ class OLion(torch.optim.Optimizer):
         self.__dict__.setdefault("_workspace", Workspace())
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add one group as it is (torch's checks), with `orthogonal`: each parameter's branch (routing, §1.5)."""
+        """Add one group as it is (torch's checks), with `orthogonal`: each parameter's branch (its routing)."""
         group = {k: v for k, v in param_group.items() if k != "orthogonal"}
         if "weight_decay" in group and "adamw_weight_decay" not in group:
             group["adamw_weight_decay"] = None  # a group's weight_decay is its AdamW decay too, unless it sets both
@@ -168,7 +187,7 @@ class OLion(torch.optim.Optimizer):
         super().add_param_group(group)
         group = self.param_groups[-1]
         try:
-            group["orthogonal"] = route(group, self.predicate)
+            group["orthogonal"] = route(group, self.predicate, getattr(self, "_edges", set()))
         except (ValueError, NotImplementedError):
             self.param_groups.pop()
             raise
@@ -209,7 +228,7 @@ class OLion(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One OLion/AdamW step over all groups (§1.2; AdamW: bias-corrected, decoupled decay)."""
+        """One OLion/AdamW step over all groups (AdamW: bias-corrected, decoupled decay)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -230,7 +249,7 @@ class OLion(torch.optim.Optimizer):
         return loss
 
     def _olion_step(self, hidden: list[tuple[Tensor, dict[str, Any]]]) -> None:
-        """Momentum on every rank, NS5 by each unit's owner (or by every rank), then every rank applies (§1.2).
+        """Momentum on every rank, NS5 by each unit's owner (or by every rank), then every rank applies.
 
         Without DTensors a unit's momentum direction is made just before its NS and dropped after it (and only its
         momentum is updated where another rank owns it), so the directions never all live at once."""

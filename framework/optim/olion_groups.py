@@ -1,10 +1,10 @@
 """OLion's parameter groups: per-parameter routing inside the user's groups, input checks, the AdamW branch and
 the earlier layout.
 
-Spec: shared/specs/olion_growth.md §1.5 (routing). `OLion.param_groups` holds exactly the groups the user passed;
-each has `orthogonal`, one bool per parameter (True: the orthogonal branch, False: the AdamW branch). Earlier
-versions split every user group into up to three internal groups (hidden / decay / no_decay, each with a bool
-`use_olion`); `old_layout_to_new` maps a state_dict saved that way onto the current layout.
+`OLion.param_groups` holds exactly the groups the user passed; each has `orthogonal`, one bool per parameter (True:
+the orthogonal branch, False: the AdamW branch). Earlier versions split every user group into up to three internal
+groups (hidden / decay / no_decay, each with a bool `use_olion`); `old_layout_to_new` maps a state_dict saved that
+way onto the current layout.
 """
 
 from __future__ import annotations
@@ -76,8 +76,9 @@ def check_tensor_lr(options: dict[str, Any]) -> None:
             raise ValueError(f"Tensor {key} must be 1-element")
 
 
-def route(group: dict[str, Any], predicate: Predicate) -> list[bool]:
-    """One bool per parameter of a (torch-normalised) group: True for the orthogonal branch; checks each one."""
+def route(group: dict[str, Any], predicate: Predicate, edges: set[int] | frozenset[int] = frozenset()) -> list[bool]:
+    """One bool per parameter of a (torch-normalised) group: True for the orthogonal branch; checks each one.
+    `edges`: `id()`s of tensors that go to AdamW whatever the predicate says (a convnet's stem and classifier)."""
     names = group.get("param_names") or [""] * len(group["params"])
     explicit = group.get("use_olion")
     mask = []
@@ -89,7 +90,7 @@ def route(group: dict[str, Any], predicate: Predicate) -> list[bool]:
                 "(..., 2) and build the complex tensor with torch.view_as_complex in forward)"
             )
         check_not_sharded(name, p, "OLion")
-        hidden = bool(explicit) if explicit is not None else bool(predicate(name, p))
+        hidden = bool(explicit) if explicit is not None else id(p) not in edges and bool(predicate(name, p))
         if hidden:
             check_dtensor_layout(param_label(name, p), p)
             if p.ndim < 2:
@@ -170,6 +171,6 @@ def _merged_group(group: dict[str, Any], olds: list[dict[str, Any]], start: int)
         skip = ("params", "param_names", "use_olion", "adamw_weight_decay")  # this run resolves the AdamW decay
         merged.update({k: v for k, v in hidden.items() if k not in skip})
     elif olds and olds[0].get("adamw_lr", 0.0) is None:  # the AdamW lr was the group's lr
-        merged.update({k: olds[0][k] for k in ("lr", "initial_lr") if k in olds[0]})
+        merged.update({k: olds[0][k] for k in ("lr", "initial_lr", "adamw_lr") if k in olds[0]})
     merged["params"] = list(range(start, start + len(group["params"])))
     return merged

@@ -14,7 +14,8 @@ def lion(
     try:
         from lion_pytorch import Lion
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("optimizer 'lion' needs the lion-pytorch package: pip install 'framework[bench]'") from err
+        raise ImportError("optimizer 'lion' needs lion-pytorch, a dependency of framework: "
+                          "pip install lion-pytorch") from err
     if not lr > 0:
         raise ValueError(f"lr={lr} is invalid: must be > 0")
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):

@@ -211,7 +211,7 @@ def batch_rank(values: Tensor) -> Tensor:
 class DataAgentPolicy(TopKPolicy):
     """Top-⌊ρN⌋ by the agent's latest action, weight 1/ρ; the agent acts on every training step's features.
 
-    Defaults are the released code's. `learn=False` freezes the initial policy (the spec's ablation);
+    Defaults are the released code's. `learn=False` freezes the initial policy (an ablation);
     `variant="ranked"` (not the paper's) stores each action's rank within its step's batch, in (0, 1], as the
     score instead of the raw action: the learned actions drift upwards over training, so under hard top-k on
     stale scores the samples trained last always outrank the unselected ones and selection freezes onto one

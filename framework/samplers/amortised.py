@@ -2,32 +2,36 @@
 learns every few epochs instead of on every training step.
 
 The released agent acts on every step's features and runs PPO every 10 steps, so its cost is fixed per sample and
-is more than half of a small model's fit. Here a step only hands its (gathered) features, logits and targets to a
-buffer. At the end of an epoch that is followed by a pruning epoch, in one batched no-grad pass, the actor scores
-every sample the epoch trained on (each sample's state is its feature from its own training step, as in the paper),
-and on every `learn_every`-th epoch the reward is computed over the epoch's samples as one batch and PPO makes one
-update on a seeded subsample of them (one step, so GAE reduces to r − V; `LeanPPOAgent`). The epoch's samples
-are then re-scored in the table, and the selection is `data_agent_staleness`'s: the top ⌊ρN⌋ of the standardised
-scores plus λ per epoch unseen. Epochs after the annealing point never select again, so they cost the agent nothing.
-The epoch's samples are taken in index order (repeats dropped), so the result does not depend on how the steps
-grouped them: the same on 1 or 2 DDP ranks.
+is more than half of a small model's fit. Here the agent does not change within an epoch, so a step reduces what it
+trained on to a few numbers per sample, each rank on its own rows: the actor's Beta parameters (α, β) on the sample's
+feature from its own training step (the paper's state) and, in a learning epoch, its label-smoothed CE and predictive
+uncertainty. Only these are all-gathered (24 bytes a sample instead of its feature and logits), plus the features of
+the PPO update's subsample: the `update_size` samples with the smallest seeded key among those trained so far. At the
+end of an epoch that is followed by a pruning epoch the actions are drawn for every sample the epoch trained on, and
+on every `learn_every`-th epoch the reward is computed over the epoch's samples as one batch and PPO makes one update
+on the subsample (one step, so GAE reduces to r − V; `LeanPPOAgent`). The epoch's samples are then re-scored in the
+table, and the selection is `data_agent_staleness`'s: the top ⌊ρN⌋ of the standardised scores plus λ per epoch
+unseen. Epochs after the annealing point never select again, so they cost the agent nothing. The epoch's samples are
+taken in index order (repeats dropped) and every rank holds the same gathered numbers, so every rank selects the
+same, and the result does not depend on how the steps grouped them beyond the float rounding of the actor's matmul.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from framework.rng import to_generator
 from framework.samplers.agent import DataAgentPolicy, PPOAgent
 from framework.samplers.policies import Step
-from framework.samplers.reward import composite_reward
+from framework.samplers.reward import reward_from, uncertainty
+from framework.samplers.step import RankGather
 from framework.samplers.table import ScoreTable
-
-FIELDS = ("index", "features", "logits", "targets")
 
 
 def index_order(steps: list[Step]) -> tuple[Tensor, Tensor]:
@@ -42,34 +46,6 @@ def index_order(steps: list[Step]) -> tuple[Tensor, Tensor]:
         if not bool(last.all()):
             ordered, order = ordered[last], order[last]
     return ordered, order
-
-
-def epoch_batch(steps: list[Step], keys: tuple[str, ...] = FIELDS[1:],
-                ordered: tuple[Tensor, Tensor] | None = None) -> Step:
-    """The epoch's steps as one batch in sample-index order, each sample once (`ordered`: `index_order(steps)`, if
-    already computed)."""
-    index, order = ordered if ordered is not None else index_order(steps)
-    out = {"index": index}
-    for key in keys:
-        values = torch.cat([s[key].to(steps[-1][key].device) for s in steps])  # a resumed epoch's: on the CPU
-        out[key] = values.index_select(0, order.to(values.device))
-    return out
-
-
-def scatter_rows(steps: list[Step], key: str, order: Tensor, out: Tensor) -> Tensor:
-    """`epoch_batch`'s rows of `key` (flattened to 2-D, in `out`'s dtype) written straight into `out` (the first
-    `order.numel()` rows): each step's rows copied once to their places, with no concatenation in between."""
-    sizes = [s[key].shape[0] for s in steps]
-    place = torch.full((sum(sizes),), -1, dtype=torch.long)
-    place[order] = torch.arange(order.numel())
-    dropped = order.numel() < place.numel()  # a sample's earlier occurrences (DDP padding) are not copied
-    for step, where in zip(steps, place.split(sizes), strict=True):
-        rows = step[key].flatten(1).to(out.device, out.dtype)
-        if dropped:
-            keep = where >= 0
-            rows, where = rows[keep.to(rows.device)], where[keep]
-        out.index_copy_(0, where.to(out.device), rows)
-    return out[: order.numel()]
 
 
 def beta_log_prob(x: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
@@ -117,20 +93,13 @@ class LeanPPOAgent(PPOAgent):
         return {"actor_loss": actor_loss, "critic_loss": critic_loss}
 
 
-def _room(buffer: Tensor | None, rows: int, like: Tensor) -> Tensor:
-    """`buffer` if it holds `rows` rows of `like`'s width on its device, else a new float32 one of that many rows."""
-    width, device = like.shape[1], like.device
-    if buffer is not None and buffer.shape[0] >= rows and buffer.shape[1] == width and buffer.device == device:
-        return buffer
-    return torch.empty(rows, width, device=device)
-
-
 class AmortisedAgentPolicy(DataAgentPolicy):
     """The Data Agent acting once per epoch on the samples the epoch trained on, and learning every `learn_every`-th
     epoch.
 
-    `update_size`: samples in that PPO update, a seeded subsample of the epoch's (all of them if fewer; `None`: all),
-    so the update's cost does not grow with the data. At these sizes an update costs its number of operations, not
+    `update_size`: samples in that PPO update, a seeded subsample of the epoch's (all of them if fewer; `None`: all,
+    which keeps every sample's features through the epoch, for small data only), so the update's cost and the
+    features kept do not grow with the data. At these sizes an update costs its number of operations, not
     its rows (256 rows cost ~1.1× 128), so fewer, larger updates (every 8th epoch on 256) learn from as many
     transitions as every 4th on 128 for about half the time. `hidden`: the width of the actor's and critic's two
     layers (the paper's 128). `staleness` λ (as `data_agent_staleness`) brings left-out samples back. The other
@@ -153,36 +122,113 @@ class AmortisedAgentPolicy(DataAgentPolicy):
         if hidden < 1:
             raise ValueError(f"hidden={hidden} must be >= 1")
         self.update_size, self.hidden, self.fused = update_size, int(hidden), bool(fused)
-        self.steps: list[Step] = []  # this epoch's step fields, until the epoch's end
-        # the epoch's features in index order: a buffer kept across epochs, each step's rows copied into it once
-        self.states: Tensor | None = None
+        # this epoch's per-sample numbers, gathered: index, and (α, β) or (α, β, CE, uncertainty) as "values"
+        self.records: list[Step] = []
+        self.subsample: Step | None = None  # the update's subsample so far: index (sorted), features (own dtype)
         self.pending: dict[str, Tensor] | None = None  # the last epoch's scores, for the table at the next select
-        self.subsample_state: Tensor | None = None  # the update's subsample RNG (never the global one)
+        self._keys: tuple[int, Tensor] | None = None  # (epoch, each sample's subsample key): rebuilt from the seed
+        self._num_epochs: int | None = None
 
     def build(self, state_dim: int) -> LeanPPOAgent:
         self.agent = LeanPPOAgent(state_dim, seed=self.seed or 0, hidden=self.hidden, fused=self.fused, **self.ppo)
         return self.agent
 
-    def observe(self, step: Step, table: ScoreTable, epoch: int) -> dict[str, float]:
-        start = time.perf_counter()
-        self.steps.append({k: step[k].detach() for k in FIELDS})
-        self.agent_s += time.perf_counter() - start
-        return {}
+    def learns(self, epoch: int) -> bool:
+        """Whether the end of `epoch` makes a PPO update."""
+        return self.learn and epoch % self.learn_every == 0
 
-    def end_epoch(self, epoch: int, num_epochs: int) -> dict[str, float]:
-        steps, self.steps = self.steps, []
-        if not steps or not self.prunes(epoch + 1, num_epochs):
-            return {}  # no selection follows: scoring would buy nothing
+    def observe(self, step: Step, table: ScoreTable, epoch: int) -> dict[str, float]:
+        """A global step in one process (every rank's rows already concatenated)."""
+        return self.observe_local(step, RankGather(), table, epoch, self._num_epochs)
+
+    def observe_local(self, step: Step, gather: Callable[[Step], Step], table: ScoreTable, epoch: int,
+                      num_epochs: int | None) -> dict[str, float]:
+        """Reduce this rank's rows to (α, β[, CE, uncertainty]) and gather only those, with the features of the rows
+        that enter the update's subsample; nothing at all in an epoch that no selection follows."""
+        if num_epochs is not None:
+            self._num_epochs = num_epochs
+            if not self.prunes(epoch + 1, num_epochs):
+                return {}
         start = time.perf_counter()
-        index, order = index_order(steps)
-        batch = epoch_batch(steps, ("logits", "targets"), (index, order))
-        self.states = _room(self.states, order.numel(), steps[-1]["features"].flatten(1))
-        states = scatter_rows(steps, "features", order, self.states)
+        states = step["features"].detach().flatten(1)
         agent = self.agent if self.agent is not None else self.build(states.shape[1])
         if agent.device != states.device:
             agent.to(states.device)
-        actions, info = self._act_and_learn(agent, states, batch, self.learn and epoch % self.learn_every == 0)
-        self.pending = {"index": batch["index"], "scores": actions.cpu(), "epoch": torch.tensor(epoch)}
+        learning = self.learns(epoch)
+        with torch.no_grad():
+            values = list(agent.actor(states.float()))
+            if learning:  # the reward's per-sample pieces (its batch statistics come at the epoch's end)
+                logits = step["logits"].detach()
+                targets = step["targets"].to(logits.device).long()
+                values.append(F.cross_entropy(logits.float(), targets, reduction="none",
+                                              label_smoothing=self.label_smoothing))
+                values.append(uncertainty(logits))
+        local = step["index"].reshape(-1).long()
+        rows = gather({"index": local, "values": torch.stack(values, 1)})
+        self.records.append(rows)
+        if learning:
+            self._keep_subsample(local, states, rows["index"], gather, table.n, epoch)
+        self.agent_s += time.perf_counter() - start
+        return {}
+
+    def _epoch_keys(self, n: int, epoch: int) -> Tensor:
+        """Each sample's key for the update's subsample in `epoch`: a seeded permutation (never the global RNG)."""
+        if self._keys is None or self._keys[0] != epoch or self._keys[1].numel() != n:
+            g = torch.Generator().manual_seed((self.seed or 0) * 1_000_003 + epoch + 104_729)
+            self._keys = (epoch, torch.randperm(n, generator=g, device=g.device))
+        return self._keys[1]
+
+    def _keep_subsample(self, local: Tensor, states: Tensor, gathered: Tensor, gather: Callable[[Step], Step],
+                        n: int, epoch: int) -> None:
+        """Keep the features of the `update_size` smallest-key samples trained so far this epoch (a sample's later
+        occurrence replaces its earlier one): each rank sends only its own rows that enter, in one gather."""
+        kept = self.subsample
+        index = gathered.reshape(-1).long().cpu()
+        old = kept["index"] if kept is not None else index.new_empty(0)
+        merged, order = index_order([{"index": old}, {"index": index}])  # the last occurrence of each sample
+        if self.update_size is not None and merged.numel() > self.update_size:
+            smallest = torch.sort(self._epoch_keys(n, epoch)[merged]).indices[: self.update_size].sort().values
+            merged, order = merged[smallest], order[smallest]
+        source = order - old.numel()  # < 0: a kept row (at order); else the row of this gathered step
+        fresh = source[source >= 0].sort().values
+        rows, rank = local.numel(), getattr(gather, "rank", 0)
+        owner = torch.div(fresh, rows, rounding_mode="floor")
+        counts = torch.bincount(owner, minlength=max(1, index.numel() // rows))
+        width = int(counts.max()) if fresh.numel() else 0
+        features = states.new_empty((merged.numel(), states.shape[1]))
+        if kept is not None and bool((source < 0).any()):
+            features[(source < 0).to(states.device)] = kept["features"].to(states.device)[order[source < 0]
+                                                                                          .to(states.device)]
+        if width:
+            send = states.new_zeros((width, states.shape[1]))
+            mine = fresh[owner == rank] - rank * rows
+            send[: mine.numel()] = states[mine.to(states.device)]
+            got = gather({"features": send})["features"]
+            first = torch.cumsum(counts, 0) - counts  # where each rank's entries start in `fresh`
+            slot = owner * width + torch.arange(fresh.numel()) - first[owner]
+            at = torch.full((index.numel(),), -1, dtype=torch.long)
+            at[fresh] = slot
+            features[(source >= 0).to(states.device)] = got[at[source[source >= 0]].to(got.device)]
+        self.subsample = {"index": merged, "features": features}
+
+    def end_epoch(self, epoch: int, num_epochs: int) -> dict[str, float]:
+        self._num_epochs = num_epochs
+        records, self.records = self.records, []
+        subsample, self.subsample = self.subsample, None
+        if not records or not self.prunes(epoch + 1, num_epochs):
+            return {}  # no selection follows: scoring would buy nothing
+        start = time.perf_counter()
+        index, order = index_order(records)
+        device = records[-1]["values"].device  # a resumed epoch's first records are on the CPU
+        values = torch.cat([r["values"].to(device) for r in records]).index_select(0, order.to(device))
+        agent = self.agent
+        assert agent is not None
+        with torch.no_grad():
+            actions = agent.sample_beta(values[:, 0].contiguous(), values[:, 1].contiguous())
+        info = {"action_mean": float(actions.mean())}
+        if self.learns(epoch) and subsample is not None and values.shape[1] == 4:
+            info.update(self._learn(agent, index, values, actions, subsample))
+        self.pending = {"index": index, "scores": actions.cpu(), "epoch": torch.tensor(epoch)}
         agent.lr_decay(epoch, num_epochs)
         self.agent_s += time.perf_counter() - start
         return info
@@ -193,50 +239,35 @@ class AmortisedAgentPolicy(DataAgentPolicy):
             self.pending = None
         return super().select(table, epoch, generator)
 
-    def _act_and_learn(self, agent: LeanPPOAgent, states: Tensor, batch: Step, learn: bool
-                       ) -> tuple[Tensor, dict]:
-        """One no-grad pass of the actor over the epoch's states; with `learn`, the reward over the epoch and one
-        PPO update."""
+    def _learn(self, agent: LeanPPOAgent, index: Tensor, values: Tensor, actions: Tensor, subsample: Step
+               ) -> dict[str, float]:
+        """The reward over the epoch's samples (standardised over them) and one PPO update on the subsample."""
+        alpha, beta, losses, unsure = (column.contiguous() for column in values.unbind(1))
         with torch.no_grad():
-            alpha, beta = agent.actor(states)
-            actions = agent.sample_beta(alpha, beta)
-        info = {"action_mean": float(actions.mean())}
-        if not learn:
-            return actions, info
-        with torch.no_grad():
-            reward, more = composite_reward(batch["logits"], batch["targets"], actions, self.label_smoothing)
+            reward, info = reward_from(losses, unsure, actions)
             reward = (reward - reward.mean()) / reward.std().clamp_min(1e-8) if reward.numel() > 1 else reward * 0
-            pick = self._subsample(actions.numel(), actions.device)
-            chosen, taken = states[pick], actions[pick]
-            old_logp, values = beta_log_prob(taken, alpha[pick], beta[pick]), agent.critic(chosen)
-        info.update(more)
-        info.update(agent.learn(chosen, taken, old_logp, values, reward[pick]))
-        return actions, info
-
-    def _subsample(self, n: int, device: torch.device) -> Tensor:
-        if self.update_size is None or n <= self.update_size:
-            return torch.arange(n, device=device)
-        g = torch.Generator()
-        if self.subsample_state is None:
-            g.manual_seed((self.seed or 0) + 104_729)
-        else:
-            g.set_state(self.subsample_state)
-        pick = torch.randperm(n, generator=g, device=g.device)[: self.update_size].sort().values
-        self.subsample_state = g.get_state()
-        return pick.to(device)
+            pick = torch.searchsorted(index, subsample["index"]).to(actions.device)
+            chosen, taken = subsample["features"].to(actions.device).float(), actions[pick]
+            old_logp, baseline = beta_log_prob(taken, alpha[pick], beta[pick]), agent.critic(chosen)
+        info.update(agent.learn(chosen, taken, old_logp, baseline, reward[pick]))
+        return info
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        state["steps"] = [{k: v.cpu() for k, v in s.items()} for s in self.steps]
+        state["records"] = [{k: v.cpu() for k, v in r.items()} for r in self.records]
+        state["subsample"] = None if self.subsample is None else {k: v.cpu() for k, v in self.subsample.items()}
         state["pending"] = None if self.pending is None else {k: v.clone() for k, v in self.pending.items()}
-        state["subsample_state"] = None if self.subsample_state is None else self.subsample_state.clone()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("steps"):
+            raise ValueError("this data_agent_amortised checkpoint was written in the middle of an epoch by an older "
+                             "version, which kept the epoch's raw features; this version keeps (α, β, CE, "
+                             "uncertainty) per sample and cannot rebuild them: resume from a checkpoint written at "
+                             "an epoch's end")
         super().load_state_dict(state)
-        device = self.agent.device if self.agent is not None else torch.device("cpu")
-        self.steps = [{k: v.to(device) for k, v in s.items()} for s in state.get("steps", [])]
+        self.records = [{k: v.clone() for k, v in r.items()} for r in state.get("records", [])]
+        sub = state.get("subsample")
+        self.subsample = None if sub is None else {k: v.clone() for k, v in sub.items()}
         pending = state.get("pending")
         self.pending = None if pending is None else {k: v.clone() for k, v in pending.items()}
-        sub = state.get("subsample_state")
-        self.subsample_state = None if sub is None else sub.clone()

@@ -8,6 +8,7 @@ InfoBatch both do). `observe` feeds each training step's (gathered) outputs back
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -99,6 +100,13 @@ class SelectionPolicy:
         """Record one (gathered) training step; returns scalars worth logging."""
         table.update(step["index"], step["losses"], epoch)
         return {}
+
+    def observe_local(self, step: Step, gather: Callable[[Step], Step], table: ScoreTable, epoch: int,
+                      num_epochs: int) -> dict[str, float]:
+        """One training step as this rank saw it; `gather` all-gathers per-sample fields over the ranks (the identity
+        on one). The default gathers every field and `observe`s the global step; a policy that needs less of each
+        step overrides this to gather only that."""
+        return self.observe(gather(step), table, epoch)
 
     def end_epoch(self, epoch: int, num_epochs: int) -> dict[str, float]:
         return {}

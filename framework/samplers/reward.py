@@ -36,7 +36,13 @@ def composite_reward(
 ) -> tuple[Tensor, dict[str, float]]:
     """r_i = a_i·(w·l_i + (1−w)·u_i), before normalisation; also returns w and the two variances."""
     losses = F.cross_entropy(logits.float(), targets.long(), reduction="none", label_smoothing=label_smoothing)
-    hard, unsure = difficulty(losses), uncertainty(logits)
+    return reward_from(losses, uncertainty(logits), actions)
+
+
+def reward_from(losses: Tensor, unsure: Tensor, actions: Tensor) -> tuple[Tensor, dict[str, float]]:
+    """`composite_reward` from each sample's label-smoothed CE and uncertainty, computed earlier (per sample, so any
+    grouping of the samples gives the same values)."""
+    hard = difficulty(losses)
     w = adaptive_weight(hard, unsure)
     reward = actions * (w * hard + (1 - w) * unsure)
     return reward, {"w": float(w), "var_l": float(hard.var()), "var_u": float(unsure.var())}

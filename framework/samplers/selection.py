@@ -9,13 +9,14 @@ though the score table has moved on since the selection was made.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from framework.samplers.policies import FullPolicy, SelectionPolicy, pruned_epochs
 from framework.samplers.table import ScoreTable
@@ -155,6 +156,20 @@ def epochs_for_steps(
     raise ValueError(f"max_steps={max_steps} needs more than {limit} epochs of {n} samples; set max_epochs")
 
 
+# DataLoader settings a selection loader takes from the user's: every one but those that decide which samples a batch
+# holds (the selection sampler does: shuffled, and no sample of the selection dropped)
+_REPLACED = ("self", "dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
+KEPT_SETTINGS = tuple(p for p in inspect.signature(DataLoader.__init__).parameters if p not in _REPLACED)
+
+
+def selection_loader(base: DataLoader, sampler: Sampler, batch_size: int) -> DataLoader:
+    """A DataLoader over `base`'s dataset drawing batches of `batch_size` from `sampler`, with every other setting of
+    `base` kept (workers and their persistence, prefetch, generator, multiprocessing context, pinning, collate, ...).
+    One loader serves a whole fit: the sampler's selection changes between epochs, the loader does not."""
+    kept = {name: getattr(base, name) for name in KEPT_SETTINGS if hasattr(base, name)}
+    return DataLoader(base.dataset, batch_size=batch_size, sampler=sampler, drop_last=False, **kept)
+
+
 class IndexedDataset(Dataset):
     """Wraps a dataset so items are dicts carrying their index: `(x, y)` → {"x", "y", "index"}; a dict item
     gains an "index" key. The selection callback needs the index to score and weight each sample."""
@@ -175,5 +190,5 @@ class IndexedDataset(Dataset):
 
 __all__ = [
     "IndexedDataset", "SelectionSampler", "epoch_sizes", "epochs_for_steps", "nominal_cost", "planned_batches",
-    "pruned_epochs",
+    "pruned_epochs", "selection_loader",
 ]

@@ -10,9 +10,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-import lightning as L
 import torch
 from torch import Tensor, nn
 
@@ -42,32 +42,32 @@ def from_batch(batch: Any, key: str) -> Any:
 
 
 class HeadCapture:
-    """Keeps the input (`features`) and output (`logits`) of `root`'s submodule `name` while `active`."""
+    """The input (`features`) and output (`logits`) of `root`'s submodule `name` during a `with` block: its forward
+    hook is registered on entering and removed on leaving, so the module carries nothing between training steps."""
 
     def __init__(self, root: nn.Module, name: str):
         try:
-            module = root.get_submodule(name)
+            self.module = root.get_submodule(name)
         except AttributeError as error:
             names = [n for n, m in root.named_modules() if n and not list(m.children())]
             raise ValueError(f"DataSelection(head={name!r}): {type(root).__name__} has no such submodule; its "
                              f"layers: {names[:12]}") from error
-        self.active, self.fields = False, {}
-        self.handle = module.register_forward_hook(self._hook)
+        self.fields: dict[str, Tensor] = {}
+        self._handle: Any = None
 
     def _hook(self, module: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
-        if self.active and isinstance(output, Tensor) and inputs and isinstance(inputs[0], Tensor):
+        if isinstance(output, Tensor) and inputs and isinstance(inputs[0], Tensor):
             self.fields = {"features": inputs[0].detach(), "logits": output.detach()}
 
     def __enter__(self) -> HeadCapture:
-        self.active, self.fields = True, {}
+        self.fields = {}
+        self._handle = self.module.register_forward_hook(self._hook)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.active = False
-
-    def remove(self) -> None:
-        """Detach the hook (returns None, for `capture = capture.remove()`)."""
-        self.handle.remove()
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
 
 
 def step_fields(outputs: Any, batch: Any, needs: tuple[str, ...], index: Tensor, captured: dict[str, Tensor],
@@ -110,17 +110,30 @@ def reweight(outputs: Any, weight: Tensor, policy: str) -> Any:
     return {**outputs, "loss": loss + ((weight.to(losses.device, losses.dtype) - 1) * losses).mean()}
 
 
-def gather(step: dict[str, Tensor], pl_module: L.LightningModule, world_size: int) -> dict[str, Tensor]:
-    """All-gather every field in one collective (packed as float64, exact for indices and labels)."""
-    if world_size == 1:
-        return step
-    b = step["index"].shape[0]
-    cols = [v.reshape(b, -1).to(pl_module.device, torch.float64) for v in step.values()]
-    packed = pl_module.all_gather(torch.cat(cols, 1)).flatten(0, 1)
-    out, at = {}, 0
-    for (key, value), col in zip(step.items(), cols, strict=True):
-        width = col.shape[1]
-        part = packed[:, at : at + width].reshape(-1, *value.shape[1:])
-        out[key] = part.long() if key in ("index", "targets") else part.to(value.dtype)
-        at += width
-    return out
+class RankGather:
+    """All-gathers one step's per-sample fields over the ranks of a fit in one collective (`all_gather`: a tensor to
+    its (world_size, ...) stack, e.g. `LightningModule.all_gather`), each field in its own dtype: the fields travel as
+    their bytes, so every value arrives bitwise. The identity on one rank. Every rank's fields must have the same
+    leading size (the selection sampler's equal shards guarantee it)."""
+
+    def __init__(self, all_gather: Callable[[Tensor], Tensor] | None = None, rank: int = 0, world_size: int = 1,
+                 device: torch.device | str | None = None):
+        if world_size > 1 and all_gather is None:
+            raise ValueError(f"world_size={world_size} needs an all_gather function")
+        self.all_gather, self.rank, self.world_size, self.device = all_gather, rank, world_size, device
+
+    def __call__(self, fields: dict[str, Tensor]) -> dict[str, Tensor]:
+        if self.world_size == 1:
+            return dict(fields)
+        rows = next(iter(fields.values())).shape[0]
+        device = self.device if self.device is not None else next(iter(fields.values())).device
+        cols = [v.detach().to(device).reshape(rows, -1).contiguous().view(torch.uint8) for v in fields.values()]
+        assert self.all_gather is not None
+        packed = self.all_gather(torch.cat(cols, 1))
+        packed = packed.reshape(-1, packed.shape[-1])
+        out, at = {}, 0
+        for (key, value), col in zip(fields.items(), cols, strict=True):
+            part = packed[:, at : at + col.shape[1]].contiguous().view(value.dtype)
+            out[key] = part.reshape(-1, *value.shape[1:])
+            at += col.shape[1]
+        return out

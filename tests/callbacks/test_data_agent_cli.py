@@ -37,19 +37,25 @@ def test_cli_run_resumed_mid_epoch_ends_bitwise_equal_including_the_agent(cli, t
     assert torch.equal(states[0]["table"]["scores"], states[1]["table"]["scores"])
 
 
-@pytest.mark.parametrize("sampler", [pytest.param("data_agent", marks=pytest.mark.slow), "data_agent_staleness"])
-def test_a_sigkilled_agent_run_resumes_bitwise_equal_through_a_selection_made_after_training(tmp_path, sampler):
+@pytest.mark.parametrize(("sampler", "kill"), [pytest.param("data_agent", 7, marks=pytest.mark.slow),
+                                               ("data_agent_staleness", 7), ("data_agent_amortised", 3)])
+def test_a_sigkilled_agent_run_resumes_bitwise_equal_through_a_selection_made_after_training(tmp_path, sampler, kill):
     # digits at batch 128: pruned epochs 0 and 1 of 5 batches (epoch 1's selection comes from the agent's scores,
-    # and for the variant from its staleness bonus), then a full epoch of 10; killed at step 7, inside epoch 1
+    # and for the variant from its staleness bonus), then a full epoch of 10; killed at step 7, inside epoch 1 (the
+    # amortised agent at step 3, inside epoch 0, whose end scores and learns: its checkpoint holds that epoch so far)
     args = ["recipe=data_agent_digits", f"sampler={sampler}", "threads=1", "trainer.enable_progress_bar=false",
             "model.hidden=32", "data.batch_size=128", "trainer.max_epochs=3", "trainer.max_steps=-1",
             "validate_before_fit=false", "test=false", "callbacks.checkpoint.every_n_train_steps=1"]
     full, cut, resumed = tmp_path / "full", tmp_path / "cut", tmp_path / "resumed"
-    ref, killed = _start([*args, f"hydra.run.dir={full}"]), _start([*args, *KILL, "+callbacks.kill.step=7",
+    ref, killed = _start([*args, f"hydra.run.dir={full}"]), _start([*args, *KILL, f"+callbacks.kill.step={kill}",
                                                                      f"hydra.run.dir={cut}"])
     (code, err), (kcode, kerr) = _finish(ref), _finish(killed)
     assert code == 0, err[-3000:]
     assert kcode == -9, f"the killed run was not killed by SIGKILL (exit {kcode}):\n{kerr[-3000:]}"
+    if sampler == "data_agent_amortised":  # 24 bytes per sample trained so far, features of the update's 256 only
+        policy = _state(cut / "checkpoints" / "last.ckpt")["callbacks"]["DataSelection"]["policy"]
+        assert sum(t.nbytes for r in policy["records"] for t in r.values()) == kill * 128 * 24
+        assert policy["subsample"]["features"].shape == (256, 32)  # 256 of the 384 samples' 32-d (model.hidden)
     code, err = _finish(_start([*args, f"ckpt_path={cut / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={resumed}"]))
     assert code == 0, err[-3000:]
     a, b = _state(full / "checkpoints" / "last.ckpt"), _state(resumed / "checkpoints" / "last.ckpt")

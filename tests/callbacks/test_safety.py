@@ -145,3 +145,86 @@ def test_ctrl_c_finishes_the_step_saves_and_resumes_exactly(tmp_path, capsys):
     _trainer(tmp_path / "resumed", []).fit(resumed, ckpt_path=guard.saved_path)
     for a, b in zip(full.parameters(), resumed.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_nan_loss_read_at_a_later_check_names_its_own_step_and_no_later_checkpoint_is_written(tmp_path):
+    """The guard reads the losses every 7 steps here: the NaN of step 6 is found at step 7's check, named as step 6,
+    and the checkpoint of step 8 (they come every 4 steps) is never written."""
+    torch.manual_seed(0)
+    module = Regression(nan_at=5)
+    with pytest.raises(NonFiniteLossError, match=r"training loss is nan at step 6 \(batch 5 of epoch 0\); training "
+                                                 r"stopped at step 7 .*the last good checkpoint is .*last\.ckpt"):
+        _trainer(tmp_path, [StopOnNonFinite(every_n_steps=7)], every=4).fit(module)
+    assert _finite_everywhere(tmp_path / "checkpoints") == {"last.ckpt": 4, "step000004.ckpt": 4}
+    assert not torch.isfinite(module.net.weight).all()
+
+
+class _Reads(StopOnNonFinite):
+    """Records (global step, losses read) at each check that reads, and the steps whose state it reads."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.losses, self.states = [], []
+
+    def check(self, trainer, pl_module):
+        if self._seen:
+            self.losses.append((trainer.global_step, len(self._seen)))
+        super().check(trainer, pl_module)
+
+    def _state(self, trainer, pl_module):
+        self.states.append(trainer.global_step)
+        return super()._state(trainer, pl_module)
+
+
+@pytest.mark.parametrize("every", [1, 4])
+def test_the_guard_reads_on_the_host_only_every_n_steps_and_before_each_checkpoint(tmp_path, every):
+    """Between its checks the guard keeps each step's loss on its device and reads nothing; each loss is read once,
+    at the first check after it: every `every_n_steps` steps, before each save (steps 5 and 10), and at the end."""
+    guard = _Reads(every_n_steps=every)
+    _trainer(tmp_path, [guard], max_steps=12, every=5).fit(Regression())
+    expected = [(s, 1) for s in range(1, 13)] if every == 1 else [(4, 4), (5, 1), (8, 3), (10, 2), (12, 2)]
+    assert guard.losses == expected
+    assert guard.states == [s for s, _ in expected]
+    assert sum(n for _, n in guard.losses) == 12
+
+
+def test_an_overflowed_optimizer_state_found_at_a_later_check_says_since_when_it_could_have_happened(tmp_path):
+    """Adam's second moment overflows in step 7's update while the loss stays finite; read every 4 steps, the guard
+    finds it at step 8 and says the update came after step 4, its last check."""
+    torch.manual_seed(0)
+    module = Regression(scale_at=(6, 1e30), optimizer="adam", lr=0.01)
+    with pytest.raises(NonFiniteLossError) as err:
+        _trainer(tmp_path, [StopOnNonFinite(every_n_steps=4)], every=100).fit(module)
+    assert re.search(r"^training loss is [0-9.e+]+ at step 8, but an optimizer update after step 4 \(the last check\) "
+                     r"left NaN/inf in 2 of \d+ weight and optimizer-state tensors \(e\.g\. optimizer 0 exp_avg_sq of "
+                     r"net\.", str(err.value)), str(err.value)
+
+
+class _SyncMode(L.Callback):
+    """Sets CUDA's sync debug mode at each batch end: around the guard's, "error" makes any host sync raise."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        torch.cuda.set_sync_debug_mode(self.mode)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: a host sync is a GPU notion")
+@pytest.mark.parametrize("every", [1, 50])
+def test_between_its_checks_the_guard_makes_no_host_sync_on_cuda(tmp_path, every):
+    """20 steps on a GPU with the guard's batch-end hook run in CUDA's sync-error mode: reading every step raises at
+    the first sync; at every 50 steps nothing in those 20 steps syncs (the end-of-training check is outside)."""
+    torch.manual_seed(0)
+    trainer = L.Trainer(max_steps=20, accelerator="gpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                        callbacks=[_SyncMode("error"), StopOnNonFinite(every_n_steps=every), _SyncMode("default")])
+    try:
+        if every == 1:
+            with pytest.raises(RuntimeError, match="synchroniz"):
+                trainer.fit(Regression())
+        else:
+            trainer.fit(Regression())
+            assert trainer.global_step == 20
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -1,4 +1,4 @@
-"""Key-value associative recall (spec 1.4's harder variant): layout, determinism, eval inputs, the interface."""
+"""Key-value associative recall (the needle task's harder variant): layout, determinism, eval inputs, the interface."""
 
 import pytest
 import torch

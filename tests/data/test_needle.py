@@ -1,4 +1,4 @@
-"""The needle retrieval task (spec 1.4)."""
+"""The needle retrieval task (docs/mdlm.md)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Samplers for a SUBS MDLM (spec 1.1 'Samplers'; tests 5 and 7 of spec 1.3) and LLaDA-style generation."""
+"""Samplers for a SUBS MDLM (MDLM's `ddpm` / `ddpm_cache`) and LLaDA-style generation."""
 
 import math
 

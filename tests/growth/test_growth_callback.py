@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from functools import partial
@@ -16,6 +15,7 @@ import lightning as L
 import pytest
 import torch
 from helpers import REPO
+from support import warm_cli
 
 from framework.callbacks.growth import OrthogonalGrowth
 from framework.checkpointing import CheckpointError, check_checkpoint
@@ -208,10 +208,11 @@ ARGS = ["recipe=moe_growth", "threads=1", "trainer.max_steps=12", "trainer.val_c
         "trainer.enable_progress_bar=false", "data.max_bytes=60000", "data.seq_len=32",
         "data.batch_size=8", "model.dim=32", "model.depth=1", "model.heads=2", "model.num_experts=2",
         f"callbacks.orthogonal_growth.at_step={AT}", "callbacks.orthogonal_growth.optimizer_state=duplicate",
-        "callbacks.checkpoint.every_n_train_steps=1"]
+        "callbacks.checkpoint.every_n_train_steps=1", "callbacks.checkpoint.save_top_k=-1"]
 
 
 def cli(*args):
+    """`python -m framework.train ARGS` and its environment (run by `warm_cli`: the imports done once)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     return [sys.executable, "-m", "framework.train", *args], env
 
@@ -220,7 +221,7 @@ def cli(*args):
 def full_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("full")
     cmd, env = cli(*ARGS, f"hydra.run.dir={run_dir}")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    proc = warm_cli.run("framework.train", cmd[3:], env, REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run_dir
 
@@ -232,7 +233,7 @@ def weights(path: Path) -> dict:
 def test_a_run_killed_after_growth_resumes_to_the_same_weights_as_an_uninterrupted_one(full_run, tmp_path):
     killed, resumed = tmp_path / "killed", tmp_path / "resumed"
     cmd, env = cli(*ARGS, f"hydra.run.dir={killed}")
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = warm_cli.popen("framework.train", cmd[3:], env, REPO)
     mid = killed / "checkpoints" / f"step{AT + 3:06d}.ckpt"
     try:
         deadline = time.time() + 300
@@ -245,7 +246,7 @@ def test_a_run_killed_after_growth_resumes_to_the_same_weights_as_an_uninterrupt
     assert proc.returncode == -signal.SIGKILL and not (killed / "results.json").exists()
     assert len([k for k in weights(mid) if k.endswith("fc.weight")]) == 2 * 4  # grown: 2 layers × 4 experts
     cmd, env = cli(*ARGS, f"ckpt_path={mid}", f"hydra.run.dir={resumed}")
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    done = warm_cli.run("framework.train", cmd[3:], env, REPO, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     a, b = weights(full_run / "checkpoints" / "last.ckpt"), weights(resumed / "checkpoints" / "last.ckpt")
     assert a.keys() == b.keys() and [k for k in a if not torch.equal(a[k], b[k])] == []
@@ -285,9 +286,10 @@ def rel_err(a, b):
 
 @pytest.mark.slow
 def test_growth_under_ddp_keeps_the_two_ranks_identical(tmp_path):
-    cmd, env = cli(*ARGS[:-1], "trainer.strategy=ddp", "trainer.devices=2", "trainer.limit_val_batches=2",
+    cmd, env = cli(*ARGS[:-2], "trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu",
+                   "trainer.limit_val_batches=2",
                    f"hydra.run.dir={tmp_path}")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    proc = warm_cli.run("framework.train", cmd[3:], env, REPO, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / name).read_text())["metrics"] for name in ("results.json", "results.rank1.json")]
     assert ranks[0]["val/loss"] == ranks[1]["val/loss"]  # same weights after growth and 9 more synced steps

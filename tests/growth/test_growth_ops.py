@@ -1,4 +1,4 @@
-"""Growth operators, spec shared/specs/olion_growth.md §2.5 tests G1–G9 (G10 state transfer at unit level)."""
+"""Growth operators: checks G1–G9 of docs/growth.md's test table (G10 state transfer at unit level)."""
 
 import copy
 

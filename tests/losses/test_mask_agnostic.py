@@ -1,4 +1,4 @@
-"""Mask-agnostic loss, a reconstruction (spec 1.2; tests 8-11 of spec 1.3)."""
+"""Mask-agnostic loss, a reconstruction (docs/mdlm.md)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""MDLM baseline (spec 1.1, tests 1-4 and 6 of spec 1.3)."""
+"""MDLM baseline: schedule, SUBS, the NELBO and its bounds (docs/mdlm.md)."""
 
 import math
 

@@ -1,8 +1,8 @@
-"""The GICDM spec's tests 2–8 (§1.7): closed-form expectations, hubness diagnostics and ICDM, the hubness failure
+"""Checks 2–8 of docs/gicdm.md's test table: closed-form expectations, hubness diagnostics and ICDM, the hubness failure
 reproduced raw and removed by our reconstruction (`gicdm_reconstructed`), OOD linearity, clean separation and mode
 dropping. What the reconstruction does to clearly different sets (it over-corrects) is in test_gicdm_ladder.py.
 
-N = M = 2000, k = 5 where the spec says so; each (d, correction) result is computed once per session."""
+N = M = 2000, k = 5 as in docs/gicdm.md's experiments; each (d, correction) result is computed once per session."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exact chunked k-NN and ball counts (spec §1.7 test 1): parity with prdc, with a float64 brute force, and
+"""Exact chunked k-NN and ball counts: parity with prdc, with a float64 brute force, and
 between tile sizes, on random data and on data built to defeat a float32 screen (ties, duplicates, offsets)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""GICDM under DDP (spec §1.7 test 9): 2 gloo ranks on CPU equal one process on the concatenated features,
+"""GICDM under DDP: 2 gloo ranks on CPU equal one process on the concatenated features,
 including `reset_real_features=False`."""
 
 from __future__ import annotations

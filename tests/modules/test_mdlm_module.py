@@ -31,6 +31,7 @@ def test_mdlm_run_resumed_mid_epoch_ends_with_the_same_weights(cli, tmp_path):
 @pytest.mark.ddp
 def test_mdlm_recipe_runs_under_two_process_ddp(cli, tmp_path):
     proc = cli(*NEEDLE, "trainer.max_steps=6", "trainer.strategy=ddp", "trainer.devices=2",
+               "trainer.accelerator=cpu",
                f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0 = json.loads((tmp_path / "results.json").read_text())["metrics"]

@@ -59,7 +59,7 @@ def test_routes_only_2d_hidden_weights_to_muon_and_conv_to_adamw():
 
 def test_steps_exactly_like_separate_torch_muon_and_adamw():
     a, b = small_lm(), small_lm()
-    ours = MuonAdamW(a.named_parameters(), lr=1e-2, weight_decay=0.1)
+    ours = MuonAdamW(a.named_parameters(), lr=1e-2, weight_decay=0.1, adamw_lr=3e-3)
     hidden = {"fc.weight", "proj.weight"}
     named = dict(b.named_parameters())
     muon = torch.optim.Muon([named[n] for n in sorted(hidden)], lr=1e-2, weight_decay=0.1,
@@ -67,7 +67,7 @@ def test_steps_exactly_like_separate_torch_muon_and_adamw():
     adamw = torch.optim.AdamW(
         [{"params": [p for n, p in named.items() if n not in hidden and p.ndim >= 2], "weight_decay": 0.1},
          {"params": [p for n, p in named.items() if p.ndim < 2], "weight_decay": 0.0}],
-        lr=1e-2, betas=(0.9, 0.95), eps=1e-10,
+        lr=3e-3, betas=(0.9, 0.95), eps=1e-10,
     )  # fmt: skip
     train(a, ours, range(3))
     for s in range(3):

@@ -1,4 +1,4 @@
-"""Newton–Schulz NS5 (spec §1.3 and §1.6 T1–T3, T8): singular-value band, invariances, shapes, dtypes."""
+"""Newton–Schulz NS5: singular-value band, invariances, shapes, dtypes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OLion (spec §1.2–1.6): update magnitudes, momentum, routing, conv view, state_dict, errors, convergence."""
+"""OLion: update magnitudes, momentum, routing, conv view, state_dict, errors, convergence."""
 
 from __future__ import annotations
 
@@ -398,7 +398,7 @@ def test_adamw_branch_matches_torch_adamw():
     emb = nn.Parameter(torch.randn(10, 4, generator=gen, dtype=torch.float64))
     bias = nn.Parameter(torch.randn(4, generator=gen, dtype=torch.float64))
     twins = [nn.Parameter(p.detach().clone()) for p in (emb, bias)]
-    ours = OLion([("wte.weight", emb), ("ln_f.bias", bias)], lr=1e-2, weight_decay=0.1)
+    ours = OLion([("wte.weight", emb), ("ln_f.bias", bias)], lr=0.05, adamw_lr=1e-2, weight_decay=0.1)  # at adamw_lr
     theirs = torch.optim.AdamW(
         [{"params": [twins[0]], "weight_decay": 0.1}, {"params": [twins[1]], "weight_decay": 0.0}],
         lr=1e-2, betas=(0.9, 0.95), eps=1e-10,

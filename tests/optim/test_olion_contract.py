@@ -183,7 +183,8 @@ def test_a_schedule_on_lr_scales_the_adamw_branch_by_the_same_factor():
     sched.step()
     group = opt.param_groups[0]
     assert group["lr"] == 5e-3 and math.isclose(adamw_lr(group), 5e-4, rel_tol=1e-15)
-    assert adamw_lr(OLion(make_net().named_parameters(), lr=1e-2).param_groups[0]) == 1e-2  # None: the group's lr
+    assert adamw_lr(OLion(make_net().named_parameters(), lr=1e-2, adamw_lr=None).param_groups[0]) == 1e-2  # tied
+    assert adamw_lr(OLion(make_net().named_parameters(), lr=1e-2).param_groups[0]) == 1e-3  # default: AdamW's own
 
 
 def test_param_groups_are_exactly_the_users_groups_in_order():
@@ -341,7 +342,7 @@ BITWISE_CASES = {
 def test_updates_and_state_are_bitwise_those_of_the_pre_change_olion(case):
     dtype, opts = BITWISE_CASES[case]
     ours, theirs = make_net(dtype), make_net(dtype)
-    opt = OLion(ours.named_parameters(), **opts)
+    opt = OLion(ours.named_parameters(), **{"adamw_lr": None, **opts})  # the pre-change default: the group's lr
     train(ours, opt, range(5))
     ref_state = pre_change_run(theirs, 5, opts)
     assert same_tensors(params_of(ours), params_of(theirs))
@@ -382,7 +383,7 @@ def old_layout(state_dict: dict[str, Any], names: list[str]) -> dict[str, Any]:
 
 def test_a_state_dict_saved_in_the_old_layout_loads_and_resumes_bitwise():
     model = make_net()
-    opt = OLion(model.named_parameters(), lr=1e-2)
+    opt = OLion(model.named_parameters(), lr=1e-2, adamw_lr=None)  # the old layout's default: AdamW at the group's lr
     train(model, opt, range(3))
     names = [n for n, _ in model.named_parameters()]
     buffer = io.BytesIO()
@@ -411,7 +412,7 @@ def test_an_old_layout_checkpoint_with_its_lr_schedule_resumes_bitwise_after_rem
     from framework.optim.schedulers import warmup_cosine
 
     model = make_net()
-    opt = OLion(model.named_parameters(), lr=1e-2)
+    opt = OLion(model.named_parameters(), lr=1e-2, adamw_lr=None)  # the old layout's default
     sched = warmup_cosine(opt, total_steps=10, warmup_steps=2)
     for step in range(3):
         train(model, opt, range(step, step + 1))

@@ -1,4 +1,4 @@
-"""OLion under DDP (spec §1.5, §1.6 T13–T14): 2 gloo ranks on CPU equal one process on the global batch, bit for
+"""OLion under DDP: 2 gloo ranks on CPU equal one process on the global batch, bit for
 bit, whether the ranks share the Newton–Schulz work (round_robin) or each computes all of it (redundant), through a
 state_dict save / load / resume."""
 

@@ -1,4 +1,4 @@
-"""OLion on FSDP2-sharded weights (spec §1.5): 2 gloo ranks on a CPU device mesh, `fully_shard` DTensor params.
+"""OLion on FSDP2-sharded weights: 2 gloo ranks on a CPU device mesh, `fully_shard` DTensor params.
 
 The owner of each matrix orthogonalises the full momentum direction, every rank keeps its shard of the update and of
 the momentum; the result equals one unsharded process within fp32 rounding, through a torch.distributed.checkpoint

@@ -1,4 +1,4 @@
-"""Per-KV-head gates in the transformer (RLKV spec 2.3, tests 1, 2 and 5): limits, the streaming mask, GQA."""
+"""Per-KV-head gates in the transformer: limits, the streaming mask, GQA."""
 
 from __future__ import annotations
 

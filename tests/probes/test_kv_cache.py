@@ -1,4 +1,4 @@
-"""The mixed per-head KV cache (RLKV spec 2.3, tests 3 and 4): same tokens as the masked forward, exact sizes."""
+"""The mixed per-head KV cache: same tokens as the masked forward, exact sizes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""RLKV's objective pieces and the probe modules (spec 2.3, tests 6-8): selection counts, the adaptive penalty,
+"""RLKV's objective pieces and the probe modules: selection counts, the adaptive penalty,
 GRPO advantages, the in-place clamp, and probes that train only the gates of a frozen model."""
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def test_an_out_of_place_clamp_would_leave_the_gates_outside_the_interval():
     probe = RLKVProbe(TransformerLM(vocab_size=12, dim=16, depth=1, heads=2, max_seq_len=16))
     with torch.no_grad():
         probe.gates.fill_(1.7)
-    probe.gates.clamp(0, 1)  # the bug the spec warns about: returns a new tensor, changes nothing
+    probe.gates.clamp(0, 1)  # the easy bug: returns a new tensor, changes nothing
     assert probe.gates.max().item() == pytest.approx(1.7)
     probe.clamp_gates()
     assert probe.gates.max() == 1.0

@@ -1,5 +1,5 @@
 """The probe through the real CLI: `recipe=rlkv_probe` on a pretraining run (`init_from=`), the allocation in the
-run dir, and (slow) the toy recovery of spec 2.3 test 9."""
+run dir, and (slow) the toy recovery: the probe finds the heads that matter."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_probe_loads_a_pretraining_run_with_init_from_and_leaves_its_weights_alo
 
 @pytest.mark.slow
 def test_toy_recovery_rlkv_keeps_the_full_cache_accuracy_at_half_sparsity_where_random_heads_fail(cli, tmp_path):
-    """Spec 2.3 test 9 on a smaller chase (4 pairs of 8 symbols): pretrain, probe, compare with random heads."""
+    """The toy recovery on a small chase (4 pairs of 8 symbols): pretrain, probe, compare with random heads."""
     base = tmp_path / "base"
     proc = cli("recipe=pointer_chase_lm", "threads=1", "trainer.max_steps=1500", *SMALL_TASK,
                "trainer.limit_val_batches=1", f"hydra.run.dir={base}", timeout=3600)

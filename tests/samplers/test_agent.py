@@ -1,4 +1,4 @@
-"""The Data Agent's pieces against the released code's definitions (spec 2.3, tests 1-3)."""
+"""The Data Agent's pieces against the released code's definitions."""
 
 import math
 
@@ -90,7 +90,7 @@ def test_action_sampling_uses_a_private_rng_and_leaves_the_global_one_alone():
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_ppo_learns_to_rank_high_utility_states_higher_in_a_contextual_bandit(seed):
-    # spec 2.3 test 3: 8-d states, utility 1[s_0 > 0], reward a·u, batch 128, 300 steps = 30 PPO updates
+    # a toy task: 8-d states, utility 1[s_0 > 0], reward a·u, batch 128, 300 steps = 30 PPO updates
     g = torch.Generator().manual_seed(seed)
     agent = PPOAgent(8, seed=seed)
     for _ in range(300):

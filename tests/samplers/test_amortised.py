@@ -1,6 +1,7 @@
-"""The amortised Data Agent (`data_agent_amortised`, issue 28): one batched scoring pass and at most one PPO update per
-epoch, bitwise reproducible under a seed, independent of how steps and ranks group the samples; and no selection
-policy touches the global torch, NumPy or Python RNGs."""
+"""The amortised Data Agent (`data_agent_amortised`, issues 28 and 34): each step reduced to a few numbers per sample,
+actions drawn and at most one PPO update per epoch, bitwise reproducible under a seed, independent of how steps and
+ranks group the samples (up to the actor matmul's rounding); its memory per sample bounded; and no selection policy
+touches the global torch, NumPy or Python RNGs."""
 
 import random
 
@@ -10,7 +11,7 @@ import torch
 
 from framework.registry import SAMPLERS, load_catalog
 from framework.samplers import AmortisedAgentPolicy, ScoreTable, SelectionSampler
-from framework.samplers.amortised import epoch_batch
+from framework.samplers.amortised import index_order
 
 N, DIM, CLASSES = 96, 8, 4
 
@@ -73,33 +74,40 @@ def test_the_selection_is_the_same_on_one_rank_and_on_two_and_for_any_step_size(
     odd = drive(AmortisedAgentPolicy(seed=0, learn_every=1), batch=7)
     for other in (two, odd):
         assert all(torch.equal(a, b) for a, b in zip(one[1], other[1], strict=True))
-        assert torch.equal(one[0].table.scores, other[0].table.scores)
-        assert all(torch.equal(a, b) for a, b in zip(actor(one[0].policy), actor(other[0].policy), strict=True))
+        # the actor acts on each step's rows: a matmul over 7 rows may round otherwise than over 16 (one ulp)
+        torch.testing.assert_close(one[0].table.scores, other[0].table.scores, rtol=0, atol=1e-6)
+        for a, b in zip(actor(one[0].policy), actor(other[0].policy), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
-def test_the_epoch_batch_drops_padding_duplicates_and_orders_samples_by_index():
-    steps = [fields(torch.tensor([5, 1, 7]), 0), fields(torch.tensor([3, 5]), 0)]
-    batch = epoch_batch(steps)
-    assert batch["index"].tolist() == [1, 3, 5, 7]
-    assert torch.equal(batch["features"], fields(torch.tensor([1, 3, 5, 7]), 0)["features"])
+def test_the_epoch_order_drops_padding_duplicates_and_orders_samples_by_index():
+    steps = [{"index": torch.tensor([5, 1, 7])}, {"index": torch.tensor([3, 5])}]
+    index, order = index_order(steps)
+    assert index.tolist() == [1, 3, 5, 7] and order.tolist() == [1, 3, 4, 2]  # 5: its last occurrence, row 4
 
 
-def test_a_step_only_buffers_its_fields_and_the_epoch_end_scores_every_trained_sample_in_one_pass():
+def test_a_step_keeps_a_few_numbers_per_sample_and_the_epoch_end_draws_and_learns_without_another_actor_pass():
     policy = AmortisedAgentPolicy(seed=0, learn_every=2, update_size=16)
     table = ScoreTable(N)
     index = torch.arange(48)
+    rows: list[int] = []
     for start in range(0, 48, 16):
         assert policy.observe(fields(index[start : start + 16], 0), table, 0) == {}
-    assert policy.agent is None and torch.equal(table.scores, torch.ones(N))  # no agent work per step
-    rows: list[int] = []
-    policy.build(DIM).actor.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
-    assert "actor_loss" in policy.end_epoch(0, 10)  # epoch 0 learns (learn_every=2): one pass, K update passes
-    assert rows == [48] + [16] * policy.ppo["k_epochs"]
+        if start == 0:  # the agent is built at the first step (it does not change within an epoch)
+            policy.agent.actor.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
+    assert rows == [16, 16] and torch.equal(table.scores, torch.ones(N))  # each step's own rows; no table change
+    # a learning epoch keeps (α, β, CE, uncertainty) per sample and the features of the update's 16 samples only
+    assert [r["values"].shape for r in policy.records] == [torch.Size([16, 4])] * 3
+    assert policy.subsample["features"].shape == (16, DIM) and policy.subsample["index"].unique().numel() == 16
     rows.clear()
-    policy.observe(fields(index, 1), table, 1)
-    assert "actor_loss" not in policy.end_epoch(1, 10) and rows == [48]  # epoch 1 acts only: one batched pass
+    assert "actor_loss" in policy.end_epoch(0, 10)  # epoch 0 learns (learn_every=2): the K update passes only
+    assert rows == [16] * policy.ppo["k_epochs"] and policy.records == [] and policy.subsample is None
+    rows.clear()
+    policy.observe(fields(index, 1), table, 1)  # a non-learning epoch keeps (α, β) and no features at all
+    assert [r["values"].shape for r in policy.records] == [torch.Size([48, 2])] and policy.subsample is None
+    assert "actor_loss" not in policy.end_epoch(1, 10) and rows == [48]
     policy.select(table, 2, torch.Generator().manual_seed(0))
-    assert (table.last_seen[:48] == 1).all() and (table.scores[:48] < 1).all()  # the pass's actions, in (0, 1)
+    assert (table.last_seen[:48] == 1).all() and (table.scores[:48] < 1).all()  # the drawn actions, in (0, 1)
 
 
 def test_the_agent_learns_and_its_scores_move_away_from_the_frozen_agents():
@@ -117,7 +125,7 @@ def test_nothing_is_scored_after_the_last_pruning_epoch():
     calls = []
     policy.agent.actor.register_forward_hook(lambda *a: calls.append(1))
     policy.observe(fields(torch.arange(N), 3), ScoreTable(N), 3)
-    assert policy.end_epoch(3, 4) == {} and calls == [] and policy.steps == []
+    assert policy.end_epoch(3, 4) == {} and calls == [] and policy.records == []
 
 
 def test_a_seed_reproduces_the_run_bitwise_and_another_seed_changes_it():
@@ -161,15 +169,48 @@ def test_bad_values_are_refused_naming_the_value(bad, message):
         AmortisedAgentPolicy(**bad)
 
 
-def test_the_epoch_features_are_copied_into_place_as_the_epoch_batch_orders_them():
-    from framework.samplers.amortised import index_order, scatter_rows
+def test_the_update_subsample_is_the_smallest_keys_with_each_samples_last_features_for_any_grouping():
+    """The features kept for the PPO update are those of the `update_size` samples with the smallest seeded keys
+    among the epoch's, each from its last occurrence, whatever the steps: copied, never computed, so bitwise."""
+    index = torch.tensor([5, 1, 7, 3, 5, 0, 9, 2, 8, 1])  # 5 and 1 twice: their later rows must win
+    feats = torch.randn(index.numel(), DIM, generator=torch.Generator().manual_seed(1))
+    kept = []
+    for size in (10, 3, 1):
+        policy = AmortisedAgentPolicy(seed=0, learn_every=1, update_size=4)
+        for start in range(0, index.numel(), size):
+            part = slice(start, start + size)
+            policy.observe({**fields(index[part], 0), "features": feats[part]}, ScoreTable(N), 0)
+        kept.append(policy.subsample)
+    keys = policy._epoch_keys(N, 0)
+    unique = index.unique()
+    expected = unique[keys[unique].argsort()[:4]].sort().values
+    last = {int(i): row for row, i in enumerate(index.tolist())}
+    for sub in kept:
+        assert torch.equal(sub["index"], expected)
+        assert torch.equal(sub["features"], feats[[last[int(i)] for i in expected]])
 
-    steps = [fields(torch.tensor([5, 1, 7]), 0), fields(torch.tensor([3, 5]), 1), fields(torch.tensor([0]), 0)]
-    _, order = index_order(steps)
-    out = torch.full((8, DIM), float("nan"))
-    rows = scatter_rows(steps, "features", order, out)
-    assert torch.equal(rows, epoch_batch(steps)["features"])  # 5's row is its last occurrence's (epoch 1's step)
-    assert rows.data_ptr() == out.data_ptr() and out[5:].isnan().all()  # written in place, nothing else touched
+
+def test_per_sample_state_is_a_few_numbers_and_the_checkpoint_holds_no_epoch_of_features():
+    """What a step leaves behind is 24 bytes a sample (index, α, β, CE, uncertainty) plus the update's subsample in
+    the features' own dtype, not the sample's feature and logits: a mid-epoch state dict holds no epoch of features."""
+    wide = 4096
+    policy = AmortisedAgentPolicy(seed=0, learn_every=1, update_size=8)
+    g = torch.Generator().manual_seed(0)
+    for start in range(0, 96, 16):
+        step = {"index": torch.arange(start, start + 16), "features": torch.randn(16, wide, generator=g).bfloat16(),
+                "logits": torch.randn(16, 1000, generator=g), "targets": torch.randint(0, 1000, (16,), generator=g)}
+        policy.observe(step, ScoreTable(N), 0)
+    state = policy.state_dict()
+    records = sum(t.nbytes for r in state["records"] for t in r.values())
+    assert records == 96 * (8 + 4 * 4)
+    assert state["subsample"]["features"].shape == (8, wide)  # the update's rows only, in their own dtype
+    assert state["subsample"]["features"].dtype == torch.bfloat16 and state["subsample"]["index"].numel() == 8
+
+
+def test_a_mid_epoch_state_of_the_old_layout_is_refused_saying_what_to_resume_from():
+    old = {**AmortisedAgentPolicy(seed=0).state_dict(), "steps": [fields(torch.arange(4), 0)]}
+    with pytest.raises(ValueError, match="resume from a checkpoint written at an epoch's end"):
+        AmortisedAgentPolicy(seed=0).load_state_dict(old)
 
 
 def test_the_written_out_beta_log_density_is_torchs():

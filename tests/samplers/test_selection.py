@@ -1,4 +1,4 @@
-"""Selection, annealing, cost accounting, sharding and the baseline policies (spec 2.3, tests 4, 5, 9)."""
+"""Selection, annealing, cost accounting, sharding and the baseline policies."""
 
 import math
 

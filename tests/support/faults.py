@@ -31,3 +31,18 @@ class KillAtStep(L.Callback):
         if trainer.global_step >= self.step and not self.sent:  # once: a scheduler signals once, too
             self.sent = True
             os.kill(os.getpid(), self.signal)
+
+
+class PoisonAtStep(L.Callback):
+    """Fill the module's first weight with NaN on rank `rank` when step `step` begins: that rank's loss turns NaN at
+    once, and under DDP the averaged gradients carry it to every rank one step later."""
+
+    def __init__(self, step: int, rank: int = 0):
+        self.step, self.rank = step, rank
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            import torch
+
+            with torch.no_grad():
+                next(module.parameters()).fill_(float("nan"))

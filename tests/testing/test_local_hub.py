@@ -22,8 +22,9 @@ from huggingface_hub.errors import (  # noqa: E402
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from support._hub_storage import git_blob_sha  # noqa: E402
-from support.local_hub import LocalHub, patch_client  # noqa: E402
+
+from framework.local_hub import LocalHub, patch_client  # noqa: E402
+from framework.local_hub.storage import git_blob_sha  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -228,7 +229,7 @@ def test_patch_client_restores_the_client(tmp_path: Path) -> None:
 
 
 def test_cli_help() -> None:
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "local_hub.py"), "--help"],
+    result = subprocess.run([sys.executable, "-m", "framework.local_hub", "--help"],
                             capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr
     assert "--root" in result.stdout and "--port" in result.stdout

@@ -7,24 +7,22 @@
     (c) validation bits-per-byte on `char_lm` after the same number of steps, each optimizer at its best lr of a
     5-point sweep (extended past an edge best), with the loss curves as a PNG, and (c') every NS path at the
     default's best lr; (d) batched vs per-matrix Newton–Schulz; (e) the lr ratio OLion/AdamW at which OLion first
-    matches AdamW's best, on a new user's MLP and on char_lm. Every char_lm run is fresh (no reuse).
+    matches AdamW's best, on a new user's MLP and on char_lm; (f) char_lm with OLion at its best lr and its AdamW
+    branch (embeddings, head, norms, biases) at each of a few lrs. Every char_lm run is fresh (no reuse); the
+    char_lm half lives in `_char_lm_sweep.py`.
 
     python tools/bench/optimizers.py [--steps 300] [--timing-steps 20] [--skip-quality] [--skip-ddp] [--out DIR]
+    python tools/bench/optimizers.py --only c e --skip-paths    # the lr sweeps alone (no step times, no (c'))
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import os
 import resource
-import shutil
 import statistics
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -38,15 +36,9 @@ from framework.optim.newton_schulz import orthogonalize  # noqa: E402
 from framework.optim.ns_dtype import fast_ns_dtype, measured_ratio  # noqa: E402
 from framework.optim.peers import lion  # noqa: E402
 
-# 5-point grids centred on the previous sweep's best (AdamW 3e-3, OLion and Muon ≥ 1e-2, Lion 3e-4); a best lr on
-# an edge extends its grid by one more point that way (at most MAX_EXTEND times), so every best printed is interior
-LR_GRID = {
-    "adamw": (1e-3, 2e-3, 3e-3, 6e-3, 1e-2),
-    "olion": (3e-3, 1e-2, 2e-2, 4e-2, 8e-2),
-    "muon": (3e-3, 1e-2, 2e-2, 4e-2, 8e-2),
-    "lion": (1e-4, 2e-4, 3e-4, 6e-4, 1e-3),  # Lion wants a 3-10x smaller lr than AdamW (lion-pytorch README)
-}
-MAX_EXTEND = 2
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _char_lm_sweep import char_lm_tables, extend, first_match, print_grid, print_lr_ratio  # noqa: E402, F401
+
 TIMING_SET = "6-layer d=384 transformer"
 
 
@@ -182,8 +174,8 @@ def mlp_losses(opt_name: str, lr: float, steps: int = 24) -> float:
                               torch.nn.Linear(64, 4))
     if opt_name == "adamw":
         opt = torch.optim.AdamW(net.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
-    else:
-        opt = OLion(net.named_parameters(), lr=lr)
+    else:  # olion_tied: the AdamW branch (the biases here) at OLion's lr, the default before issue 34
+        opt = OLion(net.named_parameters(), lr=lr, **({"adamw_lr": None} if opt_name == "olion_tied" else {}))
     gen = torch.Generator().manual_seed(1)
     for _ in range(steps):
         x = torch.randn(64, 16, generator=gen)
@@ -198,169 +190,9 @@ def mlp_losses(opt_name: str, lr: float, steps: int = 24) -> float:
 MLP_GRID = tuple(round(1e-4 * 2 ** (k / 2), 7) for k in range(24))  # 1e-4 .. 4e-1, factor sqrt(2)
 
 
-def first_match(rows: list[dict], key: str, optimizer: str, target: float) -> dict | None:
-    """The smallest lr at which `optimizer` reaches `target` (lower is better), or None."""
-    hits = [r for r in rows if r["optimizer"] == optimizer and r[key] <= target]
-    return min(hits, key=lambda r: r["lr"]) if hits else None
-
-
-#: the NS paths of table (c'), as optimizer overrides (`olion` at its best lr is the default path)
-PATH_OVERRIDES = {
-    "olion_fp32": ("optimizer.ns_dtype=float32", "optimizer.ns_form=standard"),
-    "olion_fp32_gram": ("optimizer.ns_dtype=float32", "optimizer.ns_form=auto"),
-    "olion_bf16": ("optimizer.ns_dtype=bfloat16", "optimizer.ns_form=standard"),
-    "olion_bf16_gram": ("optimizer.ns_dtype=bfloat16", "optimizer.ns_form=auto"),
-}
-
-
-def run_char_lm(optimizer: str, lr: float, steps: int, out: Path, path: str | None = None, seed: int = 0) -> dict:
-    """One fresh char_lm run (an old run dir is deleted first, so a table never mixes in stale results)."""
-    run_dir = out / f"{path or optimizer}_lr{lr:g}" if seed == 0 else out / f"{path or optimizer}_lr{lr:g}_seed{seed}"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [
-        sys.executable, "-m", "framework.train", "recipe=olion_char_lm", f"optimizer={optimizer}",
-        f"optimizer.lr={lr}", f"trainer.max_steps={steps}", "trainer.val_check_interval=50", f"seed={seed}",
-        "threads=1", "validate_before_fit=false", f"hydra.run.dir={run_dir}", *PATH_OVERRIDES.get(path, ()),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    if proc.returncode:
-        return {"optimizer": optimizer, "lr": lr, "val_bpb": float("nan"), "error": proc.stderr[-500:]}
-    res = json.loads((run_dir / "results.json").read_text())
-    return {"optimizer": optimizer, "lr": lr, "val_bpb": res["metrics"]["val/bpb"], "seconds": res["seconds"],
-            "csv": str(run_dir / "csv" / "metrics.csv")}
-
-
-def best_of(rows: list[dict], key: str) -> dict[str, dict]:
-    best: dict[str, dict] = {}
-    for row in rows:
-        name = row["optimizer"]
-        if row[key] == row[key] and (name not in best or row[key] < best[name][key]):
-            best[name] = row
-    return best
-
-
-def extend(rows: list[dict], key: str, grids: dict[str, list[float]]) -> list[tuple[str, float]]:
-    """One more lr past the edge for each optimizer whose best sits on its grid's edge (same ratio as the edge)."""
-    more = []
-    for name, row in best_of(rows, key).items():
-        lrs = sorted(grids[name])
-        if row["lr"] == lrs[-1]:
-            more.append((name, lrs[-1] * lrs[-1] / lrs[-2]))
-        elif row["lr"] == lrs[0]:
-            more.append((name, lrs[0] * lrs[0] / lrs[1]))
-    for name, lr in more:
-        grids[name].append(lr)
-    return more
-
-
-def quality(steps: int, out: Path, jobs: int) -> tuple[list[dict], dict[str, list[float]]]:
-    grids = {name: list(lrs) for name, lrs in LR_GRID.items()}
-    todo = [(o, lr) for o, lrs in grids.items() for lr in lrs]
-    rows: list[dict] = []
-    for _ in range(MAX_EXTEND + 1):
-        with ThreadPoolExecutor(max_workers=jobs) as pool:  # one torch thread per job
-            rows += list(pool.map(lambda a: run_char_lm(a[0], a[1], steps, out), todo))
-        todo = extend(rows, "val_bpb", grids)
-        if not todo:
-            break
-    return rows, grids
-
-
-def plot_curves(best: dict[str, dict], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, row in best.items():
-        steps, vals = [], []
-        with open(row["csv"]) as fh:
-            for rec in csv.DictReader(fh):
-                if rec.get("val/bpb"):
-                    steps.append(int(rec["step"]))
-                    vals.append(float(rec["val/bpb"]))
-        ax.plot(steps, vals, marker="o", label=f"{name} (lr {row['lr']:g})")
-    ax.set(xlabel="step", ylabel="validation bits per byte", title="char_lm: each optimizer at its best lr")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-
-
-def print_grid(rows: list[dict], key: str, fmt: str, names) -> dict[str, dict]:
-    """One line per optimizer: every lr and its result, the best, and whether the best is inside the grid."""
-    best = best_of(rows, key)
-    for name in names:
-        cells = sorted((r for r in rows if r["optimizer"] == name), key=lambda r: r["lr"])
-        line = " ".join(f"{r['lr']:.2g}:{r[key]:{fmt}}" for r in cells)
-        if name in best:
-            lrs = [r["lr"] for r in cells]
-            where = "interior" if lrs[0] < best[name]["lr"] < lrs[-1] else "EDGE"
-            line += f"   best {best[name][key]:{fmt}} @ {best[name]['lr']:g} ({where})"
-        print(f"{name:8s} {line}")
-    return best
-
-
-def print_lr_ratio(workload: str, rows: list[dict], key: str, best: dict[str, dict]) -> float | None:
-    if "adamw" not in best:
-        return None
-    hit = first_match(rows, key, "olion", best["adamw"][key])
-    if hit is None:
-        print(f"{workload}: OLion never matches AdamW's best ({best['adamw'][key]:.3f} @ {best['adamw']['lr']:g}) "
-              "on its grid")
-        return None
-    ratio = hit["lr"] / best["adamw"]["lr"]
-    lowest = hit["lr"] == min(r["lr"] for r in rows if r["optimizer"] == "olion")
-    print(f"{workload}: OLion first matches AdamW's best ({best['adamw'][key]:.3f} @ {best['adamw']['lr']:g}) "
-          f"at lr {hit['lr']:g}: lr ratio OLion/AdamW {'≤' if lowest else '='} {ratio:.3g}"
-          + (" (OLion's lowest grid lr: the ratio may be smaller)" if lowest else ""))
-    return ratio
-
-
-#: seeds of table (c'): one seed's bpb moves by ~0.02 with rounding-level changes at OLion's best lr (measured:
-#: the fp32 Gram path at +0.023 and +0.005 of fp32 standard in two runs that differ only in matmul operand order)
-PATH_SEEDS = (0, 1, 2)
-
-
-def path_quality(olion_best: dict, steps: int, out: Path, jobs: int) -> dict[str, float]:
-    """char_lm bpb of every NS path (the default too) at the default OLion's best lr, mean over `PATH_SEEDS`,
-    against the fp32 standard path."""
-    lr = olion_best["lr"]
-    paths = ["olion (default)", *PATH_OVERRIDES]
-    jobs_list = [(path, seed) for path in paths for seed in PATH_SEEDS]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        runs = list(pool.map(lambda job: run_char_lm("olion", lr, steps, out, job[0] if job[0] in PATH_OVERRIDES
-                                                     else "olion_default", job[1]), jobs_list))  # own run dirs
-    per_path: dict[str, list[float]] = {path: [] for path in paths}
-    for (path, _), run in zip(jobs_list, runs, strict=True):
-        per_path[path].append(run["val_bpb"])
-    bpb = {path: statistics.fmean(values) for path, values in per_path.items()}
-    print(f"\n(c') char_lm bits/byte after {steps} steps of each NS path at the default OLion's best lr {lr:g}, mean "
-          f"of seeds {', '.join(map(str, PATH_SEEDS))}, vs olion_fp32 (goal: within 0.01)")
-    for name, value in bpb.items():
-        seeds = " ".join(f"{v:.3f}" for v in per_path[name])
-        print(f"{name:18s} {value:.3f}  {value - bpb['olion_fp32']:+.3f}   (seeds: {seeds})")
-    return bpb
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=300, help="training steps per char_lm run")
-    ap.add_argument("--timing-steps", type=int, default=20)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads for the step-time table")
-    ap.add_argument("--jobs", type=int, default=2, help="char_lm runs in parallel (one thread each)")
-    ap.add_argument("--skip-quality", action="store_true", help="skip (c), the char_lm lr sweep")
-    ap.add_argument("--skip-ddp", action="store_true", help="skip (b), the 2-process DDP timing")
-    ap.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "optimizers")
-    ap.add_argument("--quick", action="store_true", help="3 timing steps, 60 training steps per run (a smoke size)")
-    args = ap.parse_args()
-    if args.quick:
-        args.steps, args.timing_steps = 60, 3
-    args.out.mkdir(parents=True, exist_ok=True)
+def timing_tables(args: argparse.Namespace) -> dict:
+    """Print (a), (d) and the NS paths' sign agreement; return their figures."""
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
-
     times, faults = step_times(args.timing_steps, args.threads)
     chosen = fast_ns_dtype("cuda" if torch.cuda.is_available() else "cpu")
     ratio = measured_ratio(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
@@ -389,39 +221,58 @@ def main() -> None:
     for name, row in paths.items():
         cells = [f"{row[k][0]:.4f} ({row[k][1]:.4f})" for k in ("timing set", "low-rank + noise")]
         print(f"{name:18s} {row['form']:9s} {row['dtype']:9s} {cells[0]:>16s} {cells[1]:>18s}")
-    report: dict = {"step_seconds": times, "page_faults_per_step": faults, "threads": args.threads,
-                    "ns_dtype": str(chosen), "bf16_ratio": ratio,
-                    "ns_paths": paths}
+    return {"step_seconds": times, "page_faults_per_step": faults, "ns_dtype": str(chosen), "bf16_ratio": ratio,
+            "ns_paths": paths}
 
-    if not args.skip_ddp:
-        ddp = ddp_step_times(args.timing_steps)
-        print(f"\n(b) OLion step time under DDP, 2 gloo processes x 1 thread, {TIMING_SET} parameters, median of "
-              f"{args.timing_steps}")
-        for mode, t in ddp.items():
-            print(f"{mode:12s} {1e3 * t:9.1f} ms/step")
-        print(f"round_robin / redundant: {ddp['round_robin'] / ddp['redundant']:.3f}  (goal ≤ 0.6)")
-        report["ddp_step_seconds"] = ddp
 
-    mlp = [{"optimizer": o, "lr": lr, "loss": mlp_losses(o, lr)} for o in ("adamw", "olion") for lr in MLP_GRID]
-    print("\n(e) new-user MLP (16-64-64-4, batch 64, 24 steps, seed 0): held-out cross-entropy by lr")
-    mlp_best = print_grid(mlp, "loss", ".3f", ("adamw", "olion"))
-    report["mlp"] = {"runs": mlp, "lr_ratio": print_lr_ratio("mlp", mlp, "loss", mlp_best)}
+def ddp_table(args: argparse.Namespace, report: dict) -> None:
+    """Print (b) and add it to `report`."""
+    ddp = ddp_step_times(args.timing_steps)
+    print(f"\n(b) OLion step time under DDP, 2 gloo processes x 1 thread, {TIMING_SET} parameters, median of "
+          f"{args.timing_steps}")
+    for mode, t in ddp.items():
+        print(f"{mode:12s} {1e3 * t:9.1f} ms/step")
+    print(f"round_robin / redundant: {ddp['round_robin'] / ddp['redundant']:.3f}  (goal ≤ 0.6)")
+    report["ddp_step_seconds"] = ddp
 
-    if not args.skip_quality:
-        rows, grids = quality(args.steps, args.out, args.jobs)
-        print(f"\n(c) char_lm validation bits/byte after {args.steps} steps, lr:bpb (lower is better); a best on "
-              f"an edge extends that grid (at most {MAX_EXTEND} points)")
-        best = print_grid(rows, "val_bpb", ".3f", LR_GRID)
-        if "olion" in best and "adamw" in best:
-            print(f"OLion − AdamW at best lr: {best['olion']['val_bpb'] - best['adamw']['val_bpb']:+.3f} bpb "
-                  "(goal ≤ 0)")
-        ratio = print_lr_ratio("char_lm", rows, "val_bpb", best)
-        if "olion" in best:
-            report["paths_bpb"] = path_quality(best["olion"], args.steps, args.out, args.jobs)
-        png = args.out / "optimizers_char_lm.png"
-        plot_curves(best, png)
-        print(f"curves: {png}")
-        report.update({"steps": args.steps, "runs": rows, "grids": grids, "best": best, "lr_ratio": ratio})
+
+def mlp_table(report: dict) -> None:
+    """Print (e) and add it to `report`."""
+    names = ("adamw", "olion", "olion_tied")
+    mlp = [{"optimizer": o, "lr": lr, "loss": mlp_losses(o, lr)} for o in names for lr in MLP_GRID]
+    print("\n(e) new-user MLP (16-64-64-4, batch 64, 24 steps, seed 0): held-out cross-entropy by lr (olion_tied: "
+          "adamw_lr=None, the AdamW branch at OLion's lr)")
+    mlp_best = print_grid(mlp, "loss", ".3f", names)
+    report["mlp"] = {"runs": mlp, "lr_ratio": print_lr_ratio("mlp", mlp, "loss", mlp_best),
+                     "lr_ratio_tied": print_lr_ratio("mlp", mlp, "loss", mlp_best, "olion_tied")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=300, help="training steps per char_lm run")
+    ap.add_argument("--timing-steps", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads for the step-time table")
+    ap.add_argument("--jobs", type=int, default=2, help="char_lm runs in parallel (one thread each)")
+    ap.add_argument("--skip-quality", action="store_true", help="skip (c), the char_lm lr sweep")
+    ap.add_argument("--skip-ddp", action="store_true", help="skip (b), the 2-process DDP timing")
+    ap.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "optimizers")
+    ap.add_argument("--quick", action="store_true", help="3 timing steps, 60 training steps per run (a smoke size)")
+    ap.add_argument("--only", nargs="+", choices=("a", "b", "c", "e"), default=("a", "b", "c", "e"),
+                    help="sections to run (a: step times, NS paths, (d); b: DDP; c: char_lm sweep and (c'); e: MLP)")
+    ap.add_argument("--skip-paths", action="store_true", help="skip (c'), every NS path at OLion's best lr")
+    args = ap.parse_args()
+    if args.quick:
+        args.steps, args.timing_steps = 60, 3
+    args.out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"threads": args.threads}
+    if "a" in args.only:
+        report.update(timing_tables(args))
+    if "b" in args.only and not args.skip_ddp:
+        ddp_table(args, report)
+    if "e" in args.only:
+        mlp_table(report)
+    if "c" in args.only and not args.skip_quality:
+        char_lm_tables(args, report)
     (args.out / "optimizers.json").write_text(json.dumps(report, indent=2))
 
 

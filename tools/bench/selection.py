@@ -214,8 +214,9 @@ def _observe_seconds(feats: list, y: torch.Tensor, last: int, learn: bool = True
 
 
 def _amortised_seconds(feats: list, y: torch.Tensor, steps_per_epoch: int, epochs: int = 8) -> float:
-    """Mean seconds per step of `data_agent_amortised` (buffering each step, then one scoring pass per epoch and one
-    PPO update every `learn_every` = 8 epochs) over `epochs` epochs of `steps_per_epoch` steps cycling `feats`."""
+    """Mean seconds per step of `data_agent_amortised` (each step reduced to a few numbers per sample, actions drawn
+    once per epoch, one PPO update every `learn_every` = 8 epochs) over `epochs` epochs of `steps_per_epoch` steps
+    cycling `feats`."""
     from framework.samplers import ScoreTable
 
     batch = y.shape[0]

@@ -1,4 +1,4 @@
-"""Orthogonal growth vs training from scratch at equal extra steps (recipe `moe_growth`, spec §2.5 G12).
+"""Orthogonal growth vs training from scratch at equal extra steps (recipe `moe_growth`; docs/growth.md).
 
 Per seed, every grown arm trains the recipe's small MoE (2 layers, 4 experts, top-1) for S steps, grows it at
 step S and continues for X steps (one warmup-cosine schedule over S + X); each control trains the grown size

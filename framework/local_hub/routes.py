@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs
 
-from ._hub_storage import (
-    URL_PREFIX,
-    HubError,
-    HubStorage,
+from framework.local_hub.storage import URL_PREFIX, HubError, HubStorage
+from framework.local_hub.wire import (
     commit_payload,
     list_tree,
     parse_commit_payload,

@@ -1,0 +1,268 @@
+"""`python -m MODULE ARGS` for the tests, without paying the torch + Lightning import in every process.
+
+Most of a smoke-size CLI run is its import (about 7 of 9 s on 2 cores). A server process imports the module once, the
+way the real command does (same interpreter, same environment), then forks one child per run: the child sets argv,
+environment, working directory and its own stdout/stderr, runs the module as `__main__` and exits with its code. It is
+a real process (its own pid, exit code, signals, SIGKILL), only its imports were done before the fork.
+
+Where a fresh interpreter matters, the tests run one: `WarmCLI.popen` falls back to `subprocess.Popen` for an
+environment that differs from the server's in a variable read at import, and `FRAMEWORK_TEST_FRESH_CLI=1` turns the
+warm path off for a whole session. Import-time output (none today) is prepended to every child's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+# read by the command at run time, not at import (or, PYTEST_CURRENT_TEST, by no one): a run may set them and still
+# be served warm; a run whose environment differs in anything else is started fresh
+RUNTIME_ENV = ("FRAMEWORK_SMOKE", "PYTHONPATH", "HYDRA_FULL_ERROR", "FAULT_SEED", "PYTEST_CURRENT_TEST")
+WARM_MODULES = ("framework.train",)
+# the tests' environment when they were collected, as the CLI helpers pass it on: the server imports in this one
+BASE_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+_SERVER = r'''
+import json, os, select, sys
+module, out_dir = sys.argv[1], sys.argv[2]
+os.dup2(os.open(os.path.join(out_dir, "import.out"), os.O_WRONLY | os.O_CREAT), 1)
+os.dup2(os.open(os.path.join(out_dir, "import.err"), os.O_WRONLY | os.O_CREAT), 2)
+import importlib
+importlib.import_module(module)  # everything `python -m module` imports; then forget the module itself, which
+sys.modules.pop(module)           # the child runs as `__main__` as `-m` does (runpy warns about one imported before)
+parent, _, leaf = module.rpartition(".")
+if parent and hasattr(sys.modules[parent], leaf):
+    delattr(sys.modules[parent], leaf)
+import atexit, io, runpy, threading, traceback
+sys.stdout.flush(); sys.stderr.flush()
+base_path = list(sys.path[1:])  # [0] is '' for -c; `-m` puts the working directory there
+reply = os.fdopen(int(sys.argv[3]), "w", buffering=1)
+top = {m: getattr(sys.modules[m], "__file__", None) or "" for m in sys.modules if "." not in m}
+reply.write(json.dumps({"ready": top}) + "\n")
+
+def child(req):
+    reply.close()
+    os.chdir(req["cwd"])
+    os.environ.clear(); os.environ.update(req["env"])
+    extra = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [req["cwd"], *extra, *base_path]
+    fd_in = os.open(os.devnull, os.O_RDONLY); os.dup2(fd_in, 0)
+    for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), fd)
+    unbuffered = bool(req["env"].get("PYTHONUNBUFFERED"))
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True, write_through=unbuffered)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, write_through=True,
+                                  errors="backslashreplace")
+    sys.__stdout__, sys.__stderr__, sys.__stdin__ = sys.stdout, sys.stderr, sys.stdin
+    sys.argv = [req["module"], *req["args"]]
+    code = 0
+    try:
+        runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code
+        else:
+            print(e.code, file=sys.stderr); code = 1
+    except KeyboardInterrupt:
+        traceback.print_exc(); code = -signal.SIGINT
+    except BaseException:
+        traceback.print_exc(); code = 1
+    try:
+        threading._shutdown()
+        atexit._run_exitfuncs()
+        sys.stdout.flush(); sys.stderr.flush()
+    finally:
+        if code < 0:
+            import signal as s
+            s.signal(-code, s.SIG_DFL); os.kill(os.getpid(), -code)
+        os._exit(code & 0xFF)
+
+import signal
+children = {}
+buf = b""
+while True:
+    ready, _, _ = select.select([0], [], [], 0.05)
+    while children:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if not pid:
+            break
+        reply.write(json.dumps({"id": children.pop(pid), "code": os.waitstatus_to_exitcode(status)}) + "\n")
+    if not ready:
+        continue
+    data = os.read(0, 1 << 16)
+    if not data:
+        break
+    buf += data
+    while b"\n" in buf:
+        line, buf = buf.split(b"\n", 1)
+        req = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            child(req)
+        children[pid] = req["id"]
+        reply.write(json.dumps({"id": req["id"], "pid": pid}) + "\n")
+'''
+
+
+class WarmProcess:
+    """The parts of `subprocess.Popen` the tests use, for a child of the server."""
+
+    def __init__(self, args: list[str], out: Path, err: Path, prefix: dict[str, bytes], text: bool):
+        self.args, self._out, self._err, self._prefix, self._text = args, out, err, prefix, text
+        self.pid: int = -1
+        self.returncode: int | None = None
+        self._done = threading.Event()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def communicate(self, timeout: float | None = None) -> tuple:
+        self.wait(timeout)
+        outs = [self._prefix[k] + (p.read_bytes() if p.exists() else b"")
+                for k, p in (("out", self._out), ("err", self._err))]
+        for p in (self._out, self._err):
+            p.unlink(missing_ok=True)
+        return tuple(o.decode(errors="replace") for o in outs) if self._text else tuple(outs)
+
+    def _finish(self, code: int) -> None:
+        self.returncode = code
+        self._done.set()
+
+
+class WarmCLI:
+    """One server per test process and module: it imports the module once, then forks a child for each run."""
+
+    def __init__(self, module: str, env: dict[str, str], cwd: Path):
+        self.module, self.env = module, dict(env)
+        self._dir = Path(tempfile.mkdtemp(prefix="warm_cli_"))
+        read, write = os.pipe()
+        self._proc = subprocess.Popen([sys.executable, "-c", _SERVER, module, str(self._dir), str(write)],
+                                      stdin=subprocess.PIPE, env=self.env, cwd=cwd, pass_fds=(write,))
+        os.close(write)
+        self._reply = os.fdopen(read, "r")
+        self._lock, self._next = threading.Lock(), 0
+        self._changed = threading.Condition(self._lock)
+        self._running: dict[int, WarmProcess] = {}
+        self._ready, self._prefix, self._top_level = False, {}, {}
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self._reply:
+            msg = json.loads(line)
+            with self._changed:
+                if "ready" in msg:
+                    self._prefix = {k: (self._dir / f"import.{k}").read_bytes() for k in ("out", "err")}
+                    self._ready, self._top_level = True, msg["ready"]
+                elif "pid" in msg:
+                    self._running[msg["id"]].pid = msg["pid"]
+                else:
+                    self._running.pop(msg["id"])._finish(msg["code"])
+                self._changed.notify_all()
+        with self._changed:  # the server is gone: nothing it ran will report
+            for proc in self._running.values():
+                proc._finish(-1)
+            self._running.clear()
+            self._changed.notify_all()
+
+    def serves(self, env: dict[str, str], cwd: Path) -> bool:
+        """Whether a run with `env` in `cwd` imports what the server imported: every variable but RUNTIME_ENV the
+        same, and nothing in `cwd` or on PYTHONPATH shadows a top-level module the server imported from elsewhere."""
+        keys = (set(env) | set(self.env)) - set(RUNTIME_ENV)
+        if self._proc.poll() is not None or any(env.get(k) != self.env.get(k) for k in keys):
+            return False
+        self._wait_ready()
+        folders = [Path(cwd), *(Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+        for path in (p for f in folders if f.is_dir() for p in f.iterdir()):
+            imported = self._top_level.get(path.name.removesuffix(".py"))
+            if imported is not None and not Path(imported).resolve().is_relative_to(path.resolve()):
+                return False
+        return True
+
+    def _wait_ready(self) -> None:
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._ready or self._proc.poll() is not None, timeout=600) \
+                    or not self._ready:
+                raise RuntimeError(f"the warm server for {self.module} did not start: "
+                                   f"{(self._dir / 'import.err').read_text()[-3000:]}")
+
+    def popen(self, args: list[str], env: dict[str, str], cwd: Path, text: bool = True) -> WarmProcess:
+        self._wait_ready()
+        with self._changed:
+            rid, self._next = self._next, self._next + 1
+            out, err = self._dir / f"{rid}.out", self._dir / f"{rid}.err"
+            proc = self._running[rid] = WarmProcess(list(args), out, err, self._prefix, text)
+            req = {"id": rid, "module": self.module, "args": list(args), "env": env, "cwd": str(cwd),
+                   "stdout": str(out), "stderr": str(err)}
+            self._proc.stdin.write((json.dumps(req) + "\n").encode())
+            self._proc.stdin.flush()
+            self._changed.wait_for(lambda: proc.pid != -1 or proc.returncode is not None, timeout=600)
+        if proc.pid == -1:
+            raise RuntimeError(f"the warm server for {self.module} stopped (exit {self._proc.poll()})")
+        return proc
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            self._proc.wait(timeout=60)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+_SERVERS: dict[str, WarmCLI] = {}
+
+
+def popen(module: str, args: list[str], env: dict[str, str], cwd: Path, text: bool = True):
+    """`python -m MODULE ARGS` with `env` in `cwd`, stdout and stderr captured: warm where it can, else fresh."""
+    if module in WARM_MODULES and os.environ.get("FRAMEWORK_TEST_FRESH_CLI") != "1":
+        server = _SERVERS.get(module)
+        if server is None:
+            base = {k: v for k, v in BASE_ENV.items() if k not in RUNTIME_ENV}
+            server = _SERVERS[module] = WarmCLI(module, base, Path(__file__).resolve().parents[2])
+        if server.serves(env, cwd):
+            return server.popen(args, env, cwd, text)
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=env, text=text,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def run(module: str, args: list[str], env: dict[str, str], cwd: Path, timeout: float | None = None
+        ) -> subprocess.CompletedProcess:
+    """`subprocess.run(..., capture_output=True, text=True)` of `python -m MODULE ARGS`, through `popen`."""
+    proc = popen(module, args, env, cwd)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess([sys.executable, "-m", module, *args], proc.returncode, out, err)
+
+
+@atexit.register
+def _close_all() -> None:
+    for server in _SERVERS.values():
+        server.close()
