@@ -113,7 +113,7 @@ def test_the_cli_trains_olion_on_fsdp2_weights_with_ema_and_resumes_bitwise(tmp_
 
 
 def test_a_diverging_fsdp2_run_stops_with_one_error_line(tmp_path):
-    proc = run_cli(*FSDP2, "optimizer.lr=1e6", f"hydra.run.dir={tmp_path}")
+    proc = run_cli(*FSDP2, "optimizer.lr=1e6", "optimizer.adamw_lr=null", f"hydra.run.dir={tmp_path}")
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert len(errors) == 1 and "start again with a lower learning rate" in errors[0], proc.stderr[-3000:]

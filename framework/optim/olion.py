@@ -38,6 +38,7 @@ from framework.optim.ns_sharing import (
 from framework.optim.olion_groups import (
     adamw_update,
     caller_stacklevel,
+    check_init_args,
     check_tensor_lr,
     is_old_layout,
     old_layout_to_new,
@@ -120,32 +121,13 @@ class OLion(torch.optim.Optimizer):
         ns_batch: int | None = None,
         distributed: str = "round_robin",
     ) -> None:
-        if distributed not in DISTRIBUTED_MODES:
-            raise ValueError(f"distributed={distributed!r} is invalid: valid: {', '.join(DISTRIBUTED_MODES)}")
-        if ns_batch is not None and (isinstance(ns_batch, bool) or not isinstance(ns_batch, int) or ns_batch < 1):
-            raise ValueError(f"ns_batch={ns_batch!r} is invalid: must be None (per device) or an integer >= 1")
+        ns_dtype = check_init_args(distributed, ns_batch, ns_dtype, DISTRIBUTED_MODES)
         self.distributed = distributed
-        if isinstance(ns_dtype, str):  # "bfloat16" / "float32", e.g. from a Hydra override
-            if not isinstance(getattr(torch, ns_dtype, None), torch.dtype):
-                raise ValueError(f"ns_dtype={ns_dtype!r} is invalid: use a torch dtype name, e.g. 'bfloat16'")
-            ns_dtype = getattr(torch, ns_dtype)
         defaults = dict(
-            lr=lr,
-            betas=tuple(betas),
-            weight_decay=weight_decay,
-            ns_steps=ns_steps,
-            ns_dtype=ns_dtype,
-            ns_form=ns_form,
-            use_scale=use_scale,
-            rms_scale=rms_scale,
-            nesterov=nesterov,
-            pre_update_momentum=pre_update_momentum,
-            sign=sign,
-            eps=eps,
-            adamw_lr=adamw_lr,
-            adamw_betas=tuple(adamw_betas),
-            adamw_eps=adamw_eps,
-            adamw_weight_decay=adamw_weight_decay,
+            lr=lr, betas=tuple(betas), weight_decay=weight_decay, ns_steps=ns_steps, ns_dtype=ns_dtype,
+            ns_form=ns_form, use_scale=use_scale, rms_scale=rms_scale, nesterov=nesterov,
+            pre_update_momentum=pre_update_momentum, sign=sign, eps=eps, adamw_lr=adamw_lr,
+            adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps, adamw_weight_decay=adamw_weight_decay,
             ns_batch=ns_batch,
         )
         check_tensor_lr(defaults)

@@ -24,7 +24,7 @@ def _fit(out: Path, policy: str, devices: int) -> list[dict]:
 
 
 @pytest.mark.ddp
-@pytest.mark.parametrize("policy", ["data_agent_amortised", "random"])
+@pytest.mark.parametrize("policy", ["data_agent_amortised", pytest.param("random", marks=pytest.mark.slow)])
 def test_two_ranks_select_what_one_rank_selects_for_the_same_seed(tmp_path, policy):
     r0, r1 = _fit(tmp_path / "two", policy, 2)
     (single,) = _fit(tmp_path / "one", policy, 1)

@@ -5,9 +5,11 @@ way the real command does (same interpreter, same environment), then forks one c
 environment, working directory and its own stdout/stderr, runs the module as `__main__` and exits with its code. It is
 a real process (its own pid, exit code, signals, SIGKILL), only its imports were done before the fork.
 
-Where a fresh interpreter matters, the tests run one: `WarmCLI.popen` falls back to `subprocess.Popen` for an
-environment that differs from the server's in a variable read at import, and `FRAMEWORK_TEST_FRESH_CLI=1` turns the
-warm path off for a whole session. Import-time output (none today) is prepended to every child's.
+Where a fresh interpreter matters, the tests get one: `popen` falls back to `subprocess.Popen` for another module, for
+an environment that differs from the server's in a variable that may be read at import, or for a working directory
+or PYTHONPATH that shadows a module the server imported; `FRAMEWORK_TEST_FRESH_CLI=1` turns the warm path off for a
+whole session. Import-time output (none today) is prepended to every child's. What a fork cannot give a child: its
+own string-hash seed (every warm child shares the server's, as two runs with the same `PYTHONHASHSEED` would).
 """
 
 from __future__ import annotations
@@ -234,15 +236,18 @@ class WarmCLI:
 
 
 _SERVERS: dict[str, WarmCLI] = {}
+_STARTING = threading.Lock()
+_OWNER = os.getpid()  # a process forked from this one (a test's rank workers) leaves the servers alone at exit
 
 
 def popen(module: str, args: list[str], env: dict[str, str], cwd: Path, text: bool = True):
     """`python -m MODULE ARGS` with `env` in `cwd`, stdout and stderr captured: warm where it can, else fresh."""
     if module in WARM_MODULES and os.environ.get("FRAMEWORK_TEST_FRESH_CLI") != "1":
-        server = _SERVERS.get(module)
-        if server is None:
-            base = {k: v for k, v in BASE_ENV.items() if k not in RUNTIME_ENV}
-            server = _SERVERS[module] = WarmCLI(module, base, Path(__file__).resolve().parents[2])
+        with _STARTING:
+            server = _SERVERS.get(module)
+            if server is None:
+                base = {k: v for k, v in BASE_ENV.items() if k not in RUNTIME_ENV}
+                server = _SERVERS[module] = WarmCLI(module, base, Path(__file__).resolve().parents[2])
         if server.serves(env, cwd):
             return server.popen(args, env, cwd, text)
     return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=env, text=text,
@@ -264,5 +269,6 @@ def run(module: str, args: list[str], env: dict[str, str], cwd: Path, timeout: f
 
 @atexit.register
 def _close_all() -> None:
-    for server in _SERVERS.values():
-        server.close()
+    if os.getpid() == _OWNER:
+        for server in _SERVERS.values():
+            server.close()
