@@ -88,19 +88,25 @@ def test_a_token_never_reaches_the_error_line(capsys, monkeypatch):
     assert "hf_secret" not in capsys.readouterr().err
 
 
-def test_every_command_line_exits_2_with_one_line_on_bad_input(tmp_path):
+# each in a fresh process with a bare environment (about 6 s each on 2 cores); the four in `make test-slow` have a
+# bad-input test of their `main()` in `make test` (test_metric, test_generate, growth/test_growth_callback, test_hub)
+COMMAND_LINES = {
+    "framework.train": ["recipe=char_lmm"],
+    "framework.ls": ["optimiser"],
+    "framework.metrics": ["{tmp}/no.npy", "{tmp}/no.npy"],
+    "framework.generate": ["{tmp}/no-run", "--prompt", "x"],
+    "framework.grow": ["{tmp}/no-run", "--out", "{tmp}/out"],
+    "framework.hub": ["push", "{tmp}", "local-user/x"],
+}
+
+
+@pytest.mark.parametrize("module", [m if m in ("framework.train", "framework.ls") else
+                                    pytest.param(m, marks=pytest.mark.slow) for m in COMMAND_LINES])
+def test_every_command_line_exits_2_with_one_line_on_bad_input(tmp_path, module):
     """Each CLI as a user runs it: a real process, a bad argument, one `error:` line, exit 2."""
-    cases = [
-        ["framework.ls", "optimiser"],
-        ["framework.metrics", str(tmp_path / "no.npy"), str(tmp_path / "no.npy")],
-        ["framework.generate", str(tmp_path / "no-run"), "--prompt", "x"],
-        ["framework.grow", str(tmp_path / "no-run"), "--out", str(tmp_path / "out")],
-        ["framework.hub", "push", str(tmp_path), "local-user/x"],
-        ["framework.train", "recipe=char_lmm"],
-    ]
-    for args in cases:
-        proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=300,
-                              env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
-        lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), (args, proc.stderr)
-        assert "Traceback" not in proc.stderr
+    args = [module, *(a.format(tmp=tmp_path) for a in COMMAND_LINES[module])]
+    proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=300,
+                          env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), (args, proc.stderr)
+    assert "Traceback" not in proc.stderr

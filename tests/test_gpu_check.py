@@ -1,4 +1,5 @@
-"""tools/gpu_check.py: its reduced CPU variant runs every check for real and reports one row per check."""
+"""tools/gpu_check.py: its reduced CPU variant runs every check for real and reports one row per check (all of them in
+`make test-slow`; one recipe and every check but the flagship in `make test`)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def finite_metrics(run_dir: Path) -> dict:
     return results
 
 
+@pytest.mark.slow
 def test_the_reduced_cpu_check_runs_every_check_for_real(tmp_path):
     out = tmp_path / "check"
     proc = gpu_check("--device", "cpu", "--reduced", "--out", str(out))
@@ -59,6 +61,22 @@ def test_the_reduced_cpu_check_runs_every_check_for_real(tmp_path):
     assert all(math.isfinite(x) for sweep in summary["sweeps"].values() for x in sweep["acc"] + sweep["tv"])
     ns = next(row for row in got if row["check"] == "newton_schulz")["result"]
     assert "float32 agree" in ns and "bfloat16 agree" in ns
+    assert "| mixed s=0.5 |" in (out / "kv_decode.md").read_text()
+
+
+def test_the_reduced_cpu_check_of_one_recipe_runs_every_check_but_the_flagship_for_real(tmp_path):
+    """`make test`'s variant of the one above: one recipe, and no flagship row (its command, the mask-agnostic
+    experiment at --size gpu --smoke, runs in tests/test_mask_agnostic_experiment.py)."""
+    out = tmp_path / "check"
+    proc = gpu_check("--device", "cpu", "--reduced", "--checks", "recipes", "newton_schulz", "kv_decode", "fsdp2",
+                     "draws", "--recipes", "char_lm", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = rows((out / "table.md").read_text())
+    assert [row["check"] for row in got] == ["recipes/char_lm", "newton_schulz", "kv_decode", "fsdp2", "draws"]
+    assert all(row["ok"] == "yes" and float(row["seconds"]) > 0 for row in got), got
+    for name in ("char_lm", "fsdp2"):
+        assert "trainer.precision=bf16-mixed" in finite_metrics(out / name)["command"]
+    assert "distributed_backend=gloo" in (out / "fsdp2" / "train.log").read_text()
     assert "| mixed s=0.5 |" in (out / "kv_decode.md").read_text()
 
 

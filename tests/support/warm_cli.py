@@ -25,9 +25,14 @@ import tempfile
 import threading
 from pathlib import Path
 
-# read by the command at run time, not at import (or, PYTEST_CURRENT_TEST, by no one): a run may set them and still
-# be served warm; a run whose environment differs in anything else is started fresh
-RUNTIME_ENV = ("FRAMEWORK_SMOKE", "PYTHONPATH", "HYDRA_FULL_ERROR", "FAULT_SEED", "PYTEST_CURRENT_TEST")
+# read by the command at run time, not at import: a run may set them and still be served warm; a run whose
+# environment differs in anything else is started fresh. PYTEST_CURRENT_TEST is read by no one; the KMP_ pair is what
+# importing scikit-learn in a test sets, read only by Intel's OpenMP runtime (torch and scikit-learn load GNU's here)
+RUNTIME_ENV = ("FRAMEWORK_SMOKE", "PYTHONPATH", "HYDRA_FULL_ERROR", "FAULT_SEED", "PYTEST_CURRENT_TEST",
+               "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK")
+# the variables a package reads when it is imported: a run may set them differently where the server has not
+# imported that package (the train CLI imports huggingface_hub only when a run talks to the Hub)
+READ_AT_IMPORT_BY = {"HF_": "huggingface_hub", "MLFLOW_": "mlflow", "WANDB_": "wandb"}
 WARM_MODULES = ("framework.train",)
 # the tests' environment when they were collected, as the CLI helpers pass it on: the server imports in this one
 BASE_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -193,12 +198,17 @@ class WarmCLI:
             self._changed.notify_all()
 
     def serves(self, env: dict[str, str], cwd: Path) -> bool:
-        """Whether a run with `env` in `cwd` imports what the server imported: every variable but RUNTIME_ENV the
-        same, and nothing in `cwd` or on PYTHONPATH shadows a top-level module the server imported from elsewhere."""
-        keys = (set(env) | set(self.env)) - set(RUNTIME_ENV)
-        if self._proc.poll() is not None or any(env.get(k) != self.env.get(k) for k in keys):
+        """Whether a run with `env` in `cwd` imports what the server imported: every variable the same but those
+        read at run time (RUNTIME_ENV) or by a package the server has not imported, and nothing in `cwd` or on
+        PYTHONPATH shadowing a top-level module the server imported from elsewhere."""
+        if self._proc.poll() is not None:
             return False
         self._wait_ready()
+        for key in (set(env) | set(self.env)) - set(RUNTIME_ENV):
+            unread = any(key.startswith(prefix) and package not in self._top_level
+                         for prefix, package in READ_AT_IMPORT_BY.items())
+            if env.get(key) != self.env.get(key) and not unread:
+                return False
         folders = [Path(cwd), *(Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
         for path in (p for f in folders if f.is_dir() for p in f.iterdir()):
             imported = self._top_level.get(path.name.removesuffix(".py"))
