@@ -140,6 +140,8 @@ def test_every_doc_command_is_run_or_skipped_for_a_stated_reason():
     assert all(line.startswith(("python -m framework.", "export ")) for line in ran), ran
 
 
+# make test-slow: make test pushes, branches and pulls through the same calls (test_hub.py)
+@pytest.mark.slow
 def test_docs_hub_walkthrough_runs_as_printed_against_the_installed_local_hub(tmp_path):
     """docs/hub.md: serve, export, train and push (main, then a branch every 2nd validation), push again, pull."""
     session = run_doc(REPO / "docs" / "hub.md", tmp_path)

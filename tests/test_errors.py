@@ -88,8 +88,9 @@ def test_a_token_never_reaches_the_error_line(capsys, monkeypatch):
     assert "hf_secret" not in capsys.readouterr().err
 
 
-# each in a fresh process with a bare environment (about 6 s each on 2 cores); the four in `make test-slow` have a
-# bad-input test of their `main()` in `make test` (test_metric, test_generate, growth/test_growth_callback, test_hub)
+# each in a fresh process with a bare environment (about 6-12 s each on 2 cores); the five in `make test-slow` have a
+# bad-input test of their `main()` in `make test` (test_train_cli, test_metric, test_generate,
+# growth/test_growth_callback, test_hub)
 COMMAND_LINES = {
     "framework.train": ["recipe=char_lmm"],
     "framework.ls": ["optimiser"],
@@ -100,7 +101,7 @@ COMMAND_LINES = {
 }
 
 
-@pytest.mark.parametrize("module", [m if m in ("framework.train", "framework.ls") else
+@pytest.mark.parametrize("module", [m if m == "framework.train" else
                                     pytest.param(m, marks=pytest.mark.slow) for m in COMMAND_LINES])
 def test_every_command_line_exits_2_with_one_line_on_bad_input(tmp_path, module):
     """Each CLI as a user runs it: a real process, a bad argument, one `error:` line, exit 2."""

@@ -64,19 +64,18 @@ def test_the_reduced_cpu_check_runs_every_check_for_real(tmp_path):
     assert "| mixed s=0.5 |" in (out / "kv_decode.md").read_text()
 
 
-def test_the_reduced_cpu_check_of_one_recipe_runs_every_check_but_the_flagship_for_real(tmp_path):
-    """`make test`'s variant of the one above: one recipe, and no flagship row (its command, the mask-agnostic
-    experiment at --size gpu --smoke, runs in tests/test_mask_agnostic_experiment.py)."""
+def test_the_reduced_cpu_check_of_one_recipe_runs_every_check_but_the_flagship_and_fsdp2_for_real(tmp_path):
+    """`make test`'s variant of the one above: one recipe, and no flagship or fsdp2 row (their commands, the
+    mask-agnostic experiment at --size gpu --smoke and an OLion run on FSDP2, run in
+    tests/test_mask_agnostic_experiment.py and tests/test_strategies.py)."""
     out = tmp_path / "check"
-    proc = gpu_check("--device", "cpu", "--reduced", "--checks", "recipes", "newton_schulz", "kv_decode", "fsdp2",
-                     "draws", "--recipes", "char_lm", "--out", str(out))
+    proc = gpu_check("--device", "cpu", "--reduced", "--checks", "recipes", "newton_schulz", "kv_decode", "draws",
+                     "--recipes", "char_lm", "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = rows((out / "table.md").read_text())
-    assert [row["check"] for row in got] == ["recipes/char_lm", "newton_schulz", "kv_decode", "fsdp2", "draws"]
+    assert [row["check"] for row in got] == ["recipes/char_lm", "newton_schulz", "kv_decode", "draws"]
     assert all(row["ok"] == "yes" and float(row["seconds"]) > 0 for row in got), got
-    for name in ("char_lm", "fsdp2"):
-        assert "trainer.precision=bf16-mixed" in finite_metrics(out / name)["command"]
-    assert "distributed_backend=gloo" in (out / "fsdp2" / "train.log").read_text()
+    assert "trainer.precision=bf16-mixed" in finite_metrics(out / "char_lm")["command"]
     assert "| mixed s=0.5 |" in (out / "kv_decode.md").read_text()
 
 

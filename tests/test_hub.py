@@ -336,6 +336,8 @@ def test_bad_repo_ids_and_run_dirs_are_refused_with_the_reason(tmp_path, capsys)
 
 
 # ---- failure: the Hub is down --------------------------------------------------------------------------------
+# make test-slow: make test checks the push error and its retry command in-process (next test)
+@pytest.mark.slow
 def test_hub_down_keeps_the_run_and_the_printed_retry_command_works(tmp_path):
     root = tmp_path / "hub"
     server = LocalHub(root).start()

@@ -50,6 +50,8 @@ def run_dir(cwd: Path) -> Path:
     return found
 
 
+# make test-slow (four char_lm runs): make test runs the MLflow file store and a user callback below
+@pytest.mark.slow
 def test_every_command_of_your_own_loggers_and_callbacks_runs_as_printed(tmp_path, hub):
     cmds = readme_commands()
     assert [c[3] for c in cmds] == ["recipe=char_lm"] * 4 and len(cmds) == 4

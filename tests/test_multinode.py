@@ -34,6 +34,8 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
 
 
+# make test-slow: make test runs a two-process DDP run through the CLI (test_train_cli.py)
+@pytest.mark.slow
 def test_two_nodes_by_torchrun_as_printed_end_as_one_node_with_two_processes(tmp_path):
     lines = cluster_lines()
     assert len(lines) == 2 and all(line[0] == "torchrun" for line in lines)

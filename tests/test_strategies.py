@@ -112,6 +112,8 @@ def test_the_cli_trains_olion_on_fsdp2_weights_with_ema_and_resumes_bitwise(tmp_
     assert any(k.startswith("ema.") for k in state) and all(type(v) is torch.Tensor for v in state.values())
 
 
+# make test-slow: make test stops a DDP run whose rank goes non-finite (callbacks/test_guard_cli.py)
+@pytest.mark.slow
 def test_a_diverging_fsdp2_run_stops_with_one_error_line(tmp_path):
     proc = run_cli(*FSDP2, "optimizer.lr=1e6", "optimizer.adamw_lr=null", f"hydra.run.dir={tmp_path}")
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
