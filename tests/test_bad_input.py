@@ -399,9 +399,7 @@ def test_a_neighbourhood_size_is_checked_against_the_evaluation_sets_real_sizes(
 def test_a_bad_environment_variable_or_an_unparsable_override_is_one_line_exit_2_and_no_run_dir(
         env, words, expected, tmp_path):
     args = [w.format(tmp=tmp_path) for w in words] or [f"hydra.run.dir={tmp_path / 'run'}"]
-    proc = subprocess.run([sys.executable, "-m", "framework.train", "recipe=char_lm", *SMOKE["char_lm"], *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+    proc = run_cli("recipe=char_lm", *SMOKE["char_lm"], *args, env=env, timeout=300)  # a real process per run
     assert proc.returncode == 2 and proc.stderr.strip() == expected.format(tmp=tmp_path), proc.stderr[-3000:]
     assert list(tmp_path.iterdir()) == []  # no run dir, not even the part before the space
 
