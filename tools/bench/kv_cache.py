@@ -6,7 +6,7 @@ one at a time, full cache vs mixed caches at sparsity s (a fraction s of KV head
 entries, RLKV's evaluation window W = 80). Tokens/s is the median of `--repeats` runs, interleaved so machine
 load hits every configuration alike. Theory: memory-bound decode speed-up 1 / ((1 - s) + s · W / L).
 
-    python tools/bench/kv_cache.py [--quick] [--lengths 1024 4096 16384] [--batches 1 4]
+    python tools/bench/kv_cache.py [--quick] [--lengths 1024 4096 16384] [--batches 1 4] [--steps 32] [--repeats 11]
 
 With batch 1 a tiny model's decode step is dominated by its fixed cost (weights, Python, kernel launches), so the
 cache saves less time than bytes; batch 4 makes the cache the larger share of memory traffic, as in serving. The
@@ -182,12 +182,13 @@ def memory(batches: list[int], length: int, steps: int) -> list[dict]:
 
 
 def main(quick: bool = False, lengths: list[int] | None = None, batches: list[int] | None = None,
-         memory_steps: int | None = None) -> str:
+         memory_steps: int | None = None, steps: int | None = None, repeats: int | None = None) -> str:
     """Run the benchmark and return the markdown tables (`quick`: 1k and 4k only, fewer steps)."""
     torch.set_num_threads(1)
     lengths = lengths or ([1024, 4096] if quick else [1024, 4096, 16384])
     batches = batches or [1, 4]
-    steps, repeats = (8, 3) if quick else (32, 5)
+    steps = steps or (8 if quick else 32)
+    repeats = repeats or (3 if quick else 11)
     memory_steps = memory_steps or (200 if quick else 1000)
     memory_rows = memory(batches, 1024, memory_steps)  # first: nothing else has touched the allocator yet
     rows = [r for b in batches for r in measure(lengths, [0.5, 0.75], steps, repeats, b)]
@@ -201,5 +202,7 @@ if __name__ == "__main__":
     parser.add_argument("--lengths", type=int, nargs="+", help="context lengths (default 1024 4096 16384)")
     parser.add_argument("--batches", type=int, nargs="+", help="batch sizes (default 1 4)")
     parser.add_argument("--memory-steps", type=int, help="decode steps of the memory check (default 1000)")
+    parser.add_argument("--steps", type=int, help="decode steps per timed run (default 32)")
+    parser.add_argument("--repeats", type=int, help="interleaved timed runs per configuration, median (default 11)")
     args = parser.parse_args()
-    print(main(args.quick, args.lengths, args.batches, args.memory_steps))
+    print(main(args.quick, args.lengths, args.batches, args.memory_steps, args.steps, args.repeats))
