@@ -70,9 +70,15 @@ def test_sigkill_during_repeated_saves_never_leaves_a_corrupt_checkpoint(tmp_pat
                 _save_forever(path)
             finally:
                 os._exit(1)
-        time.sleep(delay)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        try:  # the first save complete, however slow the machine (AtomicCheckpointIO renames a finished file)
+            deadline = time.time() + 60
+            while not path.exists():
+                assert time.time() < deadline, "the child wrote no checkpoint in 60 s"
+                time.sleep(0.01)
+            time.sleep(delay)  # then kill it at some point of a later save
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
         ckpt = load_checkpoint_file(path)  # complete and readable, whichever save it is
         w = ckpt["state_dict"]["w"]
         assert ckpt["global_step"] >= 1 and torch.equal(w, torch.full_like(w, float(ckpt["global_step"])))
