@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import torch
@@ -83,3 +84,17 @@ def assert_greedy_up_to_rounding(model, prompt: torch.Tensor, tokens: torch.Tens
         logits = model(torch.cat([prompt, tokens], dim=1), **forward)[:, prompt.shape[1] - 1 : -1]
     chosen = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     assert bool((chosen >= logits.amax(-1) - rel * logits.abs().amax(-1)).all())
+
+
+#: far more steps than a smoke-sized run takes before its first checkpoint: a run given them is still going when a
+#: signal sent after `wait_for_a_checkpoint` arrives
+ENDLESS_STEPS = 1_000_000
+
+
+def wait_for_a_checkpoint(proc, run_dir: Path, timeout: float = 240) -> None:
+    """Return once `proc` (a run of `run_dir`) has written a step checkpoint, asserting it is still running. Any one
+    counts, not one by name: the bounded checkpoint history deletes the oldest as the run goes."""
+    deadline = time.time() + timeout
+    while not any((run_dir / "checkpoints").glob("step*.ckpt")) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before its first checkpoint"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, run_cli
+from helpers import ENDLESS_STEPS, REPO, run_cli, wait_for_a_checkpoint
 from support import warm_cli
 
 from framework.cli import BadSettingError, check_choices, check_command_line, check_settings
@@ -336,22 +336,16 @@ def test_cli_refuses_a_bad_checkpoint_before_training_and_leaves_it_alone(tmp_pa
 
 def test_cli_ctrl_c_writes_a_checkpoint_prints_the_resume_command_and_it_resumes(tmp_path):
     run_dir = tmp_path / "run"
-    # far more steps than the run can take before its first checkpoint is seen: the signal always comes mid-run (the
-    # bounded history deletes old checkpoints, so any one of them counts, not the first by name)
-    args = ["recipe=char_lm", *SMOKE["char_lm"], "trainer.max_steps=1000000",
+    args = ["recipe=char_lm", *SMOKE["char_lm"], f"trainer.max_steps={ENDLESS_STEPS}",
             "callbacks.checkpoint.every_n_train_steps=5"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = warm_cli.popen("framework.train", [*args, f"hydra.run.dir={run_dir}"], env, REPO)
-    deadline = time.time() + 240
-    while (not any((run_dir / "checkpoints").glob("step*.ckpt")) and proc.poll() is None
-           and time.time() < deadline):
-        time.sleep(0.2)
-    assert proc.poll() is None, "the run ended before its first checkpoint"
+    wait_for_a_checkpoint(proc, run_dir)  # the signal always comes mid-run
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     saved = json.loads((run_dir / "results.json").read_text())
-    assert saved["interrupted"] is True and 5 <= saved["global_step"] < 1000000
+    assert saved["interrupted"] is True and 5 <= saved["global_step"] < ENDLESS_STEPS
     assert f"resume with: {saved['resume']}" in err
     assert torch.load(saved["checkpoint"], weights_only=True)["global_step"] == saved["global_step"]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 
 import pytest
+from helpers import ENDLESS_STEPS, wait_for_a_checkpoint
 from test_fault_injection import KILL, _assert_same, _finish, _start, _state
 
 from framework.recipe import SMOKE
@@ -49,17 +49,11 @@ def test_a_signal_saves_records_exits_with_its_code_and_the_same_command_resumes
 
 def test_sigterm_from_outside_stops_a_running_cli_with_exit_143_and_a_resume_command(tmp_path):
     run = tmp_path / "run"
-    # far more steps than the run can take before a checkpoint is seen, so the signal always comes mid-run; any
-    # checkpoint counts, not the first by name (the bounded history deletes the oldest ones as the run goes)
-    proc = _start([*ARGS, "trainer.max_steps=1000000", f"hydra.run.dir={run}"])
-    deadline = time.time() + 240
-    while (not any((run / "checkpoints").glob("step*.ckpt")) and proc.poll() is None
-           and time.time() < deadline):
-        time.sleep(0.2)
-    assert proc.poll() is None, "the run ended before its first checkpoint"
+    proc = _start([*ARGS, f"trainer.max_steps={ENDLESS_STEPS}", f"hydra.run.dir={run}"])
+    wait_for_a_checkpoint(proc, run)  # the signal always comes mid-run
     proc.send_signal(signal.SIGTERM)
     code, err = _finish(proc, timeout=120)
     assert code == 143, err[-3000:]
     results = json.loads((run / "results.json").read_text())
-    assert results["status"] == "interrupted" and 2 <= results["global_step"] < 1000000
+    assert results["status"] == "interrupted" and 2 <= results["global_step"] < ENDLESS_STEPS
     assert "SIGTERM: finishing this step" in err and f"resume with: {results['resume']}" in err
