@@ -35,6 +35,7 @@ def assemble(
     refuses it (ValueError naming the modules that take one, and the group's choice from `choices` if given)."""
     if getattr(data, "seed", 0) is None:
         data.seed = seed
+    hand_tokenizer(model, data, (choices or {}).get("data"))
     spec = DataSpec.of(data)
     extra = {MODULE_ARGS[group]: _handed_to(module, group, part, (choices or {}).get(group))
              for group, part in (("loss", loss), ("metric", metric)) if part is not None}
@@ -47,6 +48,21 @@ def assemble(
 
         callbacks = with_selection(callbacks, sampler() if isinstance(sampler, functools.partial) else sampler, seed)
     return lm, callbacks
+
+
+def hand_tokenizer(model: Any, data: Any, data_choice: str | None = None) -> Any:
+    """A model that brings its own tokenizer (a Hugging Face model loaded by name) gives it to the data, so text is
+    tokenized its way; data that cannot take one (a task with its own symbol ids) keeps its ids, which must fit
+    the model's vocabulary. Returns the tokenizer (None without one)."""
+    target = getattr(model, "func", type(model))
+    ask = getattr(target, "tokenizer_for", None)
+    if not callable(ask):
+        return None
+    tokenizer = ask(**getattr(model, "keywords", {})) if isinstance(model, functools.partial) else \
+        getattr(model, "tokenizer", None)
+    if tokenizer is not None and callable(getattr(data, "use_tokenizer", None)):
+        data.use_tokenizer(tokenizer)
+    return tokenizer
 
 
 def _handed_to(module: Any, group: str, part: Any, choice: str | None = None) -> Any:

@@ -14,3 +14,16 @@ from framework.models.convnet import MLP, ConvNet  # noqa: E402
 
 MODELS.register(MLP, name="mlp", hidden=256, depth=2)
 MODELS.register(ConvNet, name="convnet", channels=32, hidden=128)
+
+from framework.models.hf import HFCausalLM, HFMaskedLM  # noqa: E402  (transformers is imported when one is built)
+
+MODELS.register(
+    HFCausalLM, name="hf_causal_lm",
+    description="A transformers causal LM (Llama, Qwen2/3, Mistral, Mixtral, Qwen2-MoE, OLMoE, ...) from a Hub id or "
+                "folder (name_or_path=) or a fresh config (config={model_type: llama, ...}), with its tokenizer.",
+)
+MODELS.register(
+    HFMaskedLM, name="hf_masked_lm",
+    description="A transformers masked LM (BERT, RoBERTa, ModernBERT, ...) by Hub id, folder or fresh config: a "
+                "bidirectional backbone for the mdlm module, with its tokenizer's [MASK].",
+)

@@ -1,7 +1,8 @@
 """Byte-level text corpora that ship with Python itself: no download, no tokenizer files.
 
 `pydoc` is CPython's documentation prose (`pydoc_data.topics`, ~465 kB); `stdlib` adds the source text of a
-fixed list of standard-library modules. Bytes are tokens (vocabulary 256), so any text round-trips.
+fixed list of standard-library modules. Bytes are tokens (vocabulary 256), so any text round-trips; a model that
+brings its own tokenizer (a Hugging Face model: `use_tokenizer`) gets the same text as that tokenizer's ids.
 """
 
 from __future__ import annotations
@@ -57,9 +58,13 @@ class ByteChunks(Dataset):
 
 
 class ByteCorpus(SplitData):
-    """Byte-level LM data: the last `val_fraction` of the corpus is the validation split."""
+    """Byte-level LM data: the last `val_fraction` of the corpus is the validation split. With a tokenizer
+    (`use_tokenizer`, which the run calls when the model brings one) the text is that tokenizer's ids instead, and
+    `max_bytes` still cuts the text before it is tokenized."""
 
     vocab_size = 256
+    tokenizer = None
+    mask_id: int | None = None
 
     def __init__(
         self,
@@ -93,13 +98,26 @@ class ByteCorpus(SplitData):
         self.train_set: ByteChunks | None = None
         self.val_set: ByteChunks | None = None
 
+    def use_tokenizer(self, tokenizer) -> None:
+        """Tokenize the corpus with `tokenizer` (a transformers tokenizer) instead of taking bytes: the vocabulary
+        becomes the tokenizer's (`len(tokenizer)`), and its [MASK] token, if any, the mask id a masked diffusion
+        module uses."""
+        self.tokenizer = tokenizer
+        self.vocab_size = len(tokenizer)
+        self.mask_id = getattr(tokenizer, "mask_token_id", None)
+        self.train_set = self.val_set = None
+
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
         raw = corpus_bytes(self.source)
         if self.max_bytes:
             raw = raw[: self.max_bytes]
-        data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        if self.tokenizer is not None:
+            ids = self.tokenizer(raw.decode("utf-8", errors="ignore"), add_special_tokens=False)["input_ids"]
+            data = torch.tensor(ids, dtype=torch.int32 if self.vocab_size < 2**31 else torch.int64)
+        else:
+            data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         cut = int(len(data) * (1 - self.val_fraction))
         self.train_set = ByteChunks(data[:cut], self.seq_len)
         self.val_set = ByteChunks(data[cut:], self.seq_len)

@@ -12,7 +12,9 @@ from framework.errors import HubPushError, UnsafeConfigError, UnsafeWeightsError
 
 CONFIG_NAME, WEIGHTS_NAME, CARD_NAME = "config.json", "model.safetensors", "README.md"
 PLOT_NAME, TRAIN_CONFIG_NAME = "training_curves.png", "train_config.yaml"
-ARTIFACTS = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, PLOT_NAME, TRAIN_CONFIG_NAME)
+#: what a push may leave in a repo; one of them that this push lacks is deleted (a plot, a transformers push's extras)
+ARTIFACTS = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, PLOT_NAME, TRAIN_CONFIG_NAME, "framework.json",
+             "generation_config.json")
 #: Hydra/hydra-zen instantiation keys: a config carrying one could make a loader import and call anything.
 FORBIDDEN_KEYS = frozenset({"_target_", "_partial_", "_args_", "_recursive_", "_convert_"})
 IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:[A-Za-z_][\w.]*)?$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")

@@ -4,7 +4,10 @@
 - timm: `{"architecture": <timm model name>, "num_classes", "model_args", "pretrained_cfg", ...}` as
   `timm.models.push_to_hf_hub` writes it, rebuilt by `timm.create_model(architecture, pretrained=False, ...)`;
 - plain: `{"format": "plain", "name": <the class's __name__, a label>, "config": <saved hyperparameters>}`, rebuilt
-  by the user's own class (`model_cls=`), as the model card's snippet shows.
+  by the user's own class (`model_cls=`), as the model card's snippet shows;
+- transformers: the config `save_pretrained` writes (`model_type`, `architectures`, ...), beside the weights and
+  tokenizer in transformers' own layout, so `AutoModelForCausalLM.from_pretrained` opens the repo unchanged; the
+  framework's own {"name", "config"} rides along in `framework.json` (`framework.models.hf`).
 
 None of them holds an import path; timm is imported only when a config or a model is timm's.
 """
@@ -20,7 +23,9 @@ from torch import nn
 
 from framework.hub.common import UnsafeConfigError
 
-FRAMEWORK, TIMM, PLAIN = "framework", "timm", "plain"
+FRAMEWORK, TIMM, PLAIN, TRANSFORMERS = "framework", "timm", "plain", "transformers"
+#: a transformers push's framework config ({"name", "config", ...}): config.json is transformers' own there
+FRAMEWORK_CONFIG_NAME = "framework.json"
 #: pretrained_cfg keys that name a module *inside* the model (`patch_embed.proj`): attribute paths, never imported
 TIMM_INFO_KEY = "pretrained_cfg"
 
@@ -37,6 +42,8 @@ def config_format(config: dict[str, Any]) -> str:
     """`plain`, `timm` (an `architecture` and no `name`) or `framework`."""
     if config.get("format") == PLAIN:
         return PLAIN
+    if "model_type" in config and "name" not in config:
+        return TRANSFORMERS
     if "architecture" in config and "name" not in config:
         return TIMM
     return FRAMEWORK
@@ -45,6 +52,10 @@ def config_format(config: dict[str, Any]) -> str:
 def model_spec(config: dict[str, Any]) -> ModelSpec:
     """The name and constructor values of a validated config.json, whatever its format."""
     fmt = config_format(config)
+    if fmt == TRANSFORMERS:
+        kind = "hf_masked_lm" if any(str(a).endswith("ForMaskedLM") for a in config.get("architectures") or []) \
+            else "hf_causal_lm"
+        return ModelSpec(fmt, kind, {})
     if fmt == TIMM:
         values = {"num_classes": config["num_classes"]} if "num_classes" in config else {}
         return ModelSpec(fmt, config["architecture"], {**values, **config.get("model_args", {})})
@@ -117,6 +128,6 @@ def saved_hparams(module: nn.Module) -> dict[str, Any] | None:
 
 
 __all__ = [
-    "FRAMEWORK", "ModelSpec", "PLAIN", "TIMM", "TIMM_INFO_KEY", "check_timm_config", "config_format", "model_spec",
+    "FRAMEWORK", "FRAMEWORK_CONFIG_NAME", "ModelSpec", "PLAIN", "TIMM", "TRANSFORMERS", "TIMM_INFO_KEY", "check_timm_config", "config_format", "model_spec",
     "saved_hparams", "timm_architecture", "timm_config", "timm_model",
 ]

@@ -24,7 +24,17 @@ from framework.hub.common import (
     UnsafeWeightsError,
     check_model_args,
 )
-from framework.hub.formats import PLAIN, TIMM, TIMM_INFO_KEY, check_timm_config, config_format, model_spec, timm_model
+from framework.hub.formats import (
+    FRAMEWORK_CONFIG_NAME,
+    PLAIN,
+    TIMM,
+    TIMM_INFO_KEY,
+    TRANSFORMERS,
+    check_timm_config,
+    config_format,
+    model_spec,
+    timm_model,
+)
 from framework.rundir import Build, RunDir, load_state, resolve_source
 
 
@@ -36,7 +46,12 @@ def validate_config(config: Any, model_cls: type[nn.Module] | None = None) -> di
     if not isinstance(config, dict):
         raise UnsafeConfigError(f"config.json must be a JSON object, got {type(config).__name__}")
     fmt = config_format(config)
-    if fmt == TIMM:  # pretrained_cfg names modules inside the model ("patch_embed.proj"): no import-path rule there
+    if fmt == TRANSFORMERS:  # transformers' own config: plain values, no remote code (auto_map names modules)
+        if config.get("auto_map"):
+            raise UnsafeConfigError("config.json has 'auto_map': it asks for remote code, which framework never runs;"
+                                    " register an adapter for the family instead (docs/hf_models.md)")
+        _check_plain(config, "config.json")
+    elif fmt == TIMM:  # pretrained_cfg names modules inside the model ("patch_embed.proj"): no import-path rule there
         _check_plain({k: v for k, v in config.items() if k != TIMM_INFO_KEY}, "config.json")
         _check_plain(config.get(TIMM_INFO_KEY, {}), f"config.json[{TIMM_INFO_KEY!r}]", paths=False)
         check_timm_config(config)
@@ -157,6 +172,8 @@ def load_model(repo_id: str, revision: str | None = None, *, build: Build | None
     from safetensors.torch import load_model as load_safetensors
 
     config, commit = _fetch_config(repo_id, revision)  # validated before anything else is downloaded
+    if config_format(config) == TRANSFORMERS and model_cls is None and build is None:
+        return _load_transformers(repo_id, commit or revision, config, commit)
     model = build_model(config, build, model_cls)  # an unknown name is refused before the weights download
     where = f"{repo_id}@{commit or revision or 'main'}"
     try:
@@ -175,6 +192,29 @@ def load_model(repo_id: str, revision: str | None = None, *, build: Build | None
     except (RuntimeError, SafetensorError) as err:
         raise UnsafeWeightsError(
             f"{WEIGHTS_NAME} of {where} does not fit model {model_spec(config).name!r}: {err}") from err
+    return Loaded(model.eval(), config, commit, weights)
+
+
+def _load_transformers(repo_id: str, revision: str | None, config: dict[str, Any], commit: str | None) -> Loaded:
+    """A repo in transformers' layout, as the registered HF model `framework.json` names (else by its
+    `architectures`): transformers reads the safetensors weights (never a pickle) and no remote code."""
+    from huggingface_hub.errors import EntryNotFoundError
+
+    spec = model_spec(config)
+    name, values = spec.name, {}
+    try:
+        ours = json.loads(Path(download(repo_id, FRAMEWORK_CONFIG_NAME, revision)).read_text(encoding="utf-8"))
+        validate_config(ours)
+        name = str(ours.get("name") or name)
+        values = {k: v for k, v in ours.get("config", {}).items() if k in ("dtype", "attn_implementation")}
+    except EntryNotFoundError:
+        pass  # pushed by transformers itself: the architecture says which head
+    try:
+        weights = download(repo_id, WEIGHTS_NAME, revision)
+    except EntryNotFoundError as err:
+        raise UnsafeWeightsError(f"{repo_id}@{revision or 'main'} has no {WEIGHTS_NAME}; framework loads safetensors"
+                                 " only and never unpickles (pytorch_model.bin is refused)") from err
+    model = registered_model(name, {"name_or_path": repo_id, "revision": revision, **values})
     return Loaded(model.eval(), config, commit, weights)
 
 

@@ -29,9 +29,9 @@ from framework.hub.common import (
     Pushed,
     UnsafeWeightsError,
 )
-from framework.hub.formats import FRAMEWORK
+from framework.hub.formats import FRAMEWORK, FRAMEWORK_CONFIG_NAME, TRANSFORMERS
 from framework.hub.load import build_model, validate_config
-from framework.hub.pushable import pushable
+from framework.hub.pushable import _is_hf, pushable
 from framework.rundir import Build, RunDir, load_state
 
 
@@ -164,8 +164,13 @@ def _stage(bundle: _Bundle, folder: Path, repo_id: str, revision: str | None) ->
 
     from framework.plots import plot_training_curves
 
-    save_model(bundle.model, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})  # dedups tied weights
-    (folder / CONFIG_NAME).write_text(json.dumps(bundle.config, indent=2) + "\n")
+    if _is_hf(bundle.model):  # transformers' own layout (config.json, safetensors, tokenizer); ours in framework.json
+        bundle.format = TRANSFORMERS
+        bundle.model.save_pretrained(folder)
+        (folder / FRAMEWORK_CONFIG_NAME).write_text(json.dumps(bundle.config, indent=2) + "\n")
+    else:
+        save_model(bundle.model, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})  # dedups tied weights
+        (folder / CONFIG_NAME).write_text(json.dumps(bundle.config, indent=2) + "\n")
     if bundle.train_config is not None:
         shutil.copyfile(bundle.train_config, folder / TRAIN_CONFIG_NAME)
     has_plot = False

@@ -11,7 +11,15 @@ from torch import nn
 
 from framework import __version__
 from framework.hub.common import NotPushableError
-from framework.hub.formats import FRAMEWORK, PLAIN, TIMM, saved_hparams, timm_architecture, timm_config
+from framework.hub.formats import (
+    FRAMEWORK,
+    PLAIN,
+    TIMM,
+    TRANSFORMERS,
+    saved_hparams,
+    timm_architecture,
+    timm_config,
+)
 from framework.hub.load import validate_config
 
 HOW = ("give it a framework model (`.init_config`, or a `.model` with one), a timm model (timm.create_model, or"
@@ -43,7 +51,7 @@ def pushable(module: nn.Module, info: dict[str, Any] | None = None) -> Pushable:
         return _stated(module, info, extra)
     try:
         fmt, model = _pick(module)
-        if fmt == FRAMEWORK:
+        if fmt in (FRAMEWORK, TRANSFORMERS):  # a transformers model's goes to framework.json
             config = {"name": _framework_name(model, info), "config": dict(model.init_config), **extra}
         elif fmt == TIMM:
             config = {**timm_config(model), **extra}
@@ -86,7 +94,7 @@ def _pick(module: nn.Module) -> tuple[str, nn.Module]:
     inner = inner if isinstance(inner, nn.Module) else None
     for candidate in (module, inner):
         if candidate is not None and hasattr(candidate, "init_config"):
-            return FRAMEWORK, candidate
+            return (TRANSFORMERS if _is_hf(candidate) else FRAMEWORK), candidate
     for candidate in (module, inner):
         if candidate is not None and timm_architecture(candidate):
             return TIMM, candidate
@@ -94,6 +102,11 @@ def _pick(module: nn.Module) -> tuple[str, nn.Module]:
         return PLAIN, module
     raise NotPushableError(f"{type(module).__name__} cannot be pushed to the Hub: it is no framework model, no timm"
                            f" model and saved no hyperparameters; to make it pushable, {HOW}")
+
+
+def _is_hf(model: nn.Module) -> bool:
+    """A transformers model wrapped by `framework.models.hf` (checked without importing transformers)."""
+    return any(c.__module__ == "framework.models.hf" for c in type(model).__mro__)
 
 
 def _framework_name(model: nn.Module, info: dict[str, Any]) -> str:

@@ -1,0 +1,79 @@
+"""Tiny Hugging Face models for the tests: one config per family (hidden 32, 2 layers, grouped KV heads), a small
+BPE tokenizer trained here on the byte corpus's text (nothing is downloaded), and folders `save_pretrained` wrote."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+#: transformers config values per family: every causal family has 2 layers, hidden 32, 4 query / 2 KV heads
+_COMMON = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "max_position_embeddings": 256}
+CAUSAL_FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {"model_type": "llama", **_COMMON},
+    "qwen2": {"model_type": "qwen2", **_COMMON},
+    "qwen3": {"model_type": "qwen3", "head_dim": 8, **_COMMON},
+    "mistral": {"model_type": "mistral", **_COMMON},
+    "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2, **_COMMON},
+    "olmoe": {"model_type": "olmoe", "num_experts": 4, "num_experts_per_tok": 2, **_COMMON},
+}
+MASKED_FAMILIES: dict[str, dict[str, Any]] = {
+    "bert": {"model_type": "bert", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "max_position_embeddings": 256},
+}
+SPECIAL = {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>",
+           "mask_token": "[MASK]"}
+
+
+@functools.lru_cache(maxsize=1)
+def _trained_tokenizer_json(vocab: int) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from framework.data.text import corpus_bytes
+
+    tok = Tokenizer(models.BPE(unk_token=SPECIAL["unk_token"]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=list(SPECIAL.values()),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    text = corpus_bytes("pydoc")[:200_000].decode("utf-8", errors="ignore")
+    tok.train_from_iterator([text[i:i + 2000] for i in range(0, len(text), 2000)], trainer)
+    return tok.to_str()
+
+
+def tokenizer(vocab: int = 384):
+    """A byte-level BPE tokenizer of `vocab` tokens (special tokens included), as transformers' fast tokenizer."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_trained_tokenizer_json(vocab)), **SPECIAL)
+
+
+def hf_config(family: str, vocab_size: int, **changes: Any):
+    """The transformers config of `family`'s tiny model."""
+    from transformers import AutoConfig
+
+    values = {**CAUSAL_FAMILIES.get(family, MASKED_FAMILIES.get(family, {})), **changes}
+    model_type = values.pop("model_type")
+    tok_ids = {}
+    if vocab_size > 4:
+        tok_ids = {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+    return AutoConfig.for_model(model_type, vocab_size=vocab_size, **tok_ids, **values)
+
+
+def save_model(family: str, folder: Path, seed: int = 0, with_tokenizer: bool = True, **changes: Any) -> Path:
+    """`save_pretrained` of a fresh tiny `family` model (and the tokenizer) into `folder`; returns the folder."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    tok = tokenizer()
+    config = hf_config(family, len(tok), **changes)
+    auto = AutoModelForMaskedLM if family in MASKED_FAMILIES else AutoModelForCausalLM
+    torch.manual_seed(seed)
+    model = auto.from_config(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(folder))
+    if with_tokenizer:
+        tok.save_pretrained(str(folder))
+    return folder
