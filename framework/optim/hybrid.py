@@ -81,14 +81,40 @@ def is_hidden_matrix(name: str, p: Tensor) -> bool:
 
     Whole words and parts are matched, never substrings (`NON_HIDDEN_WORDS`, `NON_HIDDEN_PARTS`): `patch_embed`,
     `cls_token`, `conv_stem`, `lm_head` go to AdamW, `member_proj` stays hidden; BERT's `attention.output.dense`
-    goes to AdamW too, for its part `output` (pass a predicate there). ≥3-D tensors count as conv kernels, viewed as
-    (out, in·k…); stacked MoE expert weights (E, out, in) would be viewed the same way, so route those with a
-    custom predicate. Unnamed tensors (name "") are routed by ndim alone. OLion and MuonAdamW also send a convnet's
-    stem and classifier to AdamW when they route by default (`convnet_edges`).
+    stays hidden (`output` counts only as the module owning the weight, torchtitan's `output.weight`). ≥3-D tensors
+    count as conv kernels, viewed as (out, in·k…), except stacked MoE experts (`is_expert_stack`: 3-D under an
+    `experts` module, (E, out, in)), which are orthogonalised per expert. Unnamed tensors (name "") are routed by
+    ndim alone. OLion and MuonAdamW also send a convnet's stem and classifier to AdamW when they route by default
+    (`convnet_edges`).
     """
     if p.ndim < 2:
         return False
-    return not (_has_word(name, NON_HIDDEN_WORDS) or any(part.lower() in NON_HIDDEN_PARTS for part in name.split(".")))
+    return not (_has_word(name, NON_HIDDEN_WORDS) or _is_head(name))
+
+
+def _is_head(name: str) -> bool:
+    """A head part anywhere in the name (`lm_head.weight`, timm's `head.fc.weight`), or `output` as the module that
+    owns the parameter (torchtitan's `output.weight`; BERT's `attention.output.dense` is a hidden layer)."""
+    parts = name.split(".")
+    owner = parts[-2].lower() if len(parts) >= 2 else ""
+    return owner in ("output",) or any(part.lower() in NON_HIDDEN_PARTS - {"output"} for part in parts)
+
+
+#: the module name under which transformers 5 stores an MoE layer's experts as fused 3-D tensors
+#: (`mlp.experts.gate_up_proj` of shape (experts, out, in)): Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, ...
+EXPERTS_PART = "experts"
+
+
+def is_expert_stack(name: str, p: Tensor) -> bool:
+    """True for a 3-D tensor of stacked MoE experts (a part of its name is `experts`): each expert's (out, in)
+    matrix is orthogonalised on its own, in one batched Newton–Schulz call, never flattened to one matrix."""
+    return p.ndim == 3 and EXPERTS_PART in name.split(".")
+
+
+def expert_stack_flags(group: dict[str, Any]) -> list[bool]:
+    """One bool per parameter of a group: `is_expert_stack` by its name (unnamed tensors: False)."""
+    names = group.get("param_names") or [""] * len(group["params"])
+    return [is_expert_stack(str(n), p) for n, p in zip(names, group["params"], strict=True)]
 
 
 def convnet_edges(named: Sequence[tuple[str, Tensor]]) -> list[int]:

@@ -17,6 +17,7 @@ from framework.optim.hybrid import (
     Predicate,
     check_options,
     edge_ids,
+    is_expert_stack,
     is_hidden_matrix,
     materialise,
     normalize_param_groups,
@@ -30,7 +31,9 @@ class MuonAdamW(torch.optim.Optimizer):
     """torch.optim.Muon for hidden 2-D weights and torch.optim.AdamW for the rest, as ONE optimizer object.
 
     Routing is OLion's (`is_hidden_matrix` and a convnet's classifier, or `predicate`) restricted to 2-D, since
-    torch.optim.Muon rejects other shapes: conv kernels go to AdamW. The AdamW branch runs at `adamw_lr`, a fixed
+    torch.optim.Muon rejects other shapes: conv kernels go to AdamW. A stack of MoE experts (`is_expert_stack`:
+    transformers 5's fused (E, out, in) `gate_up_proj` / `down_proj`) gets torch.optim.Muon's update per expert,
+    batched: the same momentum, Newton–Schulz (`newton_schulz5`, bf16) and lr adjustment on each (out, in) matrix. The AdamW branch runs at `adamw_lr`, a fixed
     `DEFAULT_ADAMW_LR` unless given (`adamw_lr=None`: each group's `lr`). `param_groups` is the union of the two
     inner optimizers' groups (the same dicts, each tagged `use_muon`), so LR schedulers and Lightning checkpoints
     see one optimizer.
@@ -76,7 +79,7 @@ class MuonAdamW(torch.optim.Optimizer):
         groups = normalize_param_groups(materialise(params))
         edges = edge_ids(groups) if predicate is None else set()  # a convnet's classifier, among these params only
         self.predicate: Callable[[str, Tensor], bool] = (
-            lambda n, p: p.ndim == 2 and id(p) not in edges and user_predicate(n, p))
+            lambda n, p: (p.ndim == 2 or is_expert_stack(n, p)) and id(p) not in edges and user_predicate(n, p))
         self._muon: torch.optim.Muon | None = None
         self._adamw: torch.optim.AdamW | None = None
         # empty defaults: the inner optimizers own their groups' keys, the wrapper adds none
@@ -86,8 +89,12 @@ class MuonAdamW(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Route a group (per-group `lr`, `weight_decay`, `adamw_*` overrides allowed) to Muon and AdamW."""
         h = {**self.hparams, **{k: v for k, v in param_group.items() if k not in ("params", "param_names")}}
-        for kind, sub in split_group(param_group, self.predicate).items():
-            if kind == "hidden":
+        for kind, sub in _with_expert_stacks(split_group(param_group, self.predicate)):
+            if kind == "experts":  # our batched Muon (torch.optim.Muon takes 2-D only)
+                sub.update(use_muon=True, expert_stack=True, lr=h["lr"], weight_decay=h["weight_decay"],
+                           momentum=h["momentum"], nesterov=h["nesterov"], ns_steps=h["ns_steps"], eps=h["eps"],
+                           adjust_lr_fn=h["adjust_lr_fn"])
+            elif kind == "hidden":
                 sub.update(
                     use_muon=True,
                     lr=h["lr"],
@@ -121,7 +128,8 @@ class MuonAdamW(torch.optim.Optimizer):
         """Point the inner optimizers at the wrapper's group dicts and its one state dict."""
         for inner, flag in ((self._muon, True), (self._adamw, False)):
             if inner is not None:
-                inner.param_groups = [g for g in self.param_groups if bool(g["use_muon"]) == flag]
+                inner.param_groups = [g for g in self.param_groups
+                                      if bool(g["use_muon"]) == flag and not g.get("expert_stack")]
                 inner.state = self.state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -138,5 +146,48 @@ class MuonAdamW(torch.optim.Optimizer):
         for inner in (self._muon, self._adamw):
             if inner is not None:
                 inner.step()
+        for group in self.param_groups:
+            if group.get("expert_stack"):
+                self._expert_step(group)
         return loss
 
+    @torch.no_grad()
+    def _expert_step(self, group: dict[str, Any]) -> None:
+        """torch.optim.Muon's update on each expert of (E, out, in) stacks: momentum, Nesterov, NS5 in bf16 (batched
+        over the experts), the lr adjusted for one expert's (out, in), decoupled decay."""
+        from torch.optim._muon import _adjust_lr
+
+        from framework.optim.newton_schulz import newton_schulz5
+
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+            buf = state["momentum_buffer"]
+            buf.lerp_(p.grad, 1 - group["momentum"])
+            update = p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+            q = newton_schulz5(update, steps=group["ns_steps"], eps=group["eps"], dtype=torch.bfloat16)
+            lr = float(group["lr"])
+            p.mul_(1 - lr * group["weight_decay"])
+            p.add_(q.to(p.dtype), alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape[1:]))
+
+
+def _with_expert_stacks(parts: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """`split_group`'s sub-groups with the hidden one cut in two: 2-D matrices ("hidden", torch.optim.Muon) and
+    stacks of MoE experts ("experts")."""
+    out = []
+    for kind, sub in parts.items():
+        if kind != "hidden":
+            out.append((kind, sub))
+            continue
+        names = sub.get("param_names") or [""] * len(sub["params"])
+        for label, keep in (("hidden", False), ("experts", True)):
+            idx = [i for i, (n, p) in enumerate(zip(names, sub["params"], strict=True)) if is_expert_stack(n, p) == keep]
+            if idx:
+                piece = {"params": [sub["params"][i] for i in idx]}
+                if "param_names" in sub:
+                    piece["param_names"] = [names[i] for i in idx]
+                out.append((label, piece))
+    return out

@@ -26,7 +26,10 @@ DISTRIBUTED_MODES = ("round_robin", "redundant")
 
 def ns_cost(shape: Sequence[int], gram: bool = False) -> int:
     """Newton–Schulz multiply-adds of one (m, n) matrix per 5 steps, up to a constant: s²·(10·l + 5·s) in the
-    standard form, s²·(4·l + 14·s) in the Gram form (`gram_newton_schulz5`, one restart), s/l the short/long side."""
+    standard form, s²·(4·l + 14·s) in the Gram form (`gram_newton_schulz5`, one restart), s/l the short/long side.
+    A 3-D shape is a stack of MoE experts (E, out, in): E matrices."""
+    if len(shape) == 3:
+        return shape[0] * ns_cost(shape[1:], gram)
     m, n = shape[0], math.prod(shape[1:])
     s, long = min(m, n), max(m, n)
     return s * s * (4 * long + 14 * s if gram else 10 * long + 5 * s)

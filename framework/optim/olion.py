@@ -19,6 +19,7 @@ from framework.optim.hybrid import (
     Predicate,
     check_options,
     edge_ids,
+    expert_stack_flags,
     is_hidden_matrix,
     materialise,
 )
@@ -173,6 +174,7 @@ class OLion(torch.optim.Optimizer):
         except (ValueError, NotImplementedError):
             self.param_groups.pop()
             raise
+        group["expert_stack"] = expert_stack_flags(group)  # MoE experts (E, out, in): NS per expert
         lr = group["lr"]  # a tensor lr is updated in place by schedulers: keep its value, not the tensor
         group["adamw_lr_base"] = lr.item() if isinstance(lr, Tensor) else lr
         if any(group["orthogonal"]) and "param_names" not in group and group.get("use_olion") is None:
@@ -216,28 +218,35 @@ class OLion(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         hidden: list[tuple[Tensor, dict[str, Any]]] = []
+        stacked: list[bool] = []
         for group in self.param_groups:
-            for p, orthogonal in zip(group["params"], group["orthogonal"], strict=True):
+            if "expert_stack" not in group:  # a state saved before expert stacks were known: by name, as now
+                group["expert_stack"] = expert_stack_flags(group)
+            for p, orthogonal, stack in zip(group["params"], group["orthogonal"], group["expert_stack"], strict=True):
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError("OLion does not support sparse gradients")
                 if orthogonal:
                     hidden.append((p, group))
+                    stacked.append(stack)
                 else:
                     adamw_update(p, group, self.state[p])
         if hidden:
-            self._olion_step(hidden)
+            self._olion_step(hidden, stacked)
         return loss
 
-    def _olion_step(self, hidden: list[tuple[Tensor, dict[str, Any]]]) -> None:
-        """Momentum on every rank, NS5 by each unit's owner (or by every rank), then every rank applies.
+    def _olion_step(self, hidden: list[tuple[Tensor, dict[str, Any]]], stacked: list[bool] | None = None) -> None:
+        """Momentum on every rank, NS5 by each unit's owner (or by every rank), then every rank applies. A stack of
+        MoE experts (`stacked`) keeps its 3-D shape: one batched NS5 over its experts, each scaled on its own.
 
         Without DTensors a unit's momentum direction is made just before its NS and dropped after it (and only its
         momentum is updated where another rank owns it), so the directions never all live at once."""
         params = [p for p, _ in hidden]
         group_pg, rank, world = process_group(params)
-        shapes = [torch.Size((p.shape[0], p.numel() // p.shape[0] if p.shape[0] else 0)) for p in params]  # 2-D
+        stacked = stacked or [False] * len(params)
+        shapes = [p.shape if stack else torch.Size((p.shape[0], p.numel() // p.shape[0] if p.shape[0] else 0))
+                  for p, stack in zip(params, stacked, strict=True)]  # 2-D views; expert stacks (E, out, in)
         ns_dtypes, keys, batch = [], [], []
         for (p, g), shape in zip(hidden, shapes, strict=True):
             ns_dtypes.append(group_ns_dtype(g, p.grad.device, group_pg, world))
@@ -326,20 +335,28 @@ class OLion(torch.optim.Optimizer):
 
     @staticmethod
     def _apply(p: Tensor, group: dict[str, Any], q: Tensor, rank: int, world: int) -> None:
-        """W ← W(1−ηλ) − η·scale·q, q the (signed) NS5 output of the full matrix; a DTensor keeps its shard."""
-        d_out, d_in = q.shape
+        """W ← W(1−ηλ) − η·scale·q, q the (signed) NS5 output of the full matrix; a DTensor keeps its shard. For a
+        stack of experts q is (E, out, in) and each expert gets its own scale (shape (E, 1, 1))."""
+        d_out, d_in = q.shape[-2:]
         # scaling happens in ≥fp32 so entries are 0.2·lr to fp32 precision
         dtype = torch.promote_types(p.dtype, torch.float32)
         fused = group["sign"] and group["use_scale"] and not is_dtensor(p)  # q: NS's dtype, or int8 off the wire
         scale: Tensor | float = 1.0
         if group["use_scale"]:
             fp32 = fused and dtype == torch.float32  # (torch's fp64 norm is not the correctly rounded sqrt)
-            norm = sign_norm(q) if fp32 else torch.linalg.vector_norm(q.to(dtype))
+            if q.ndim == 3:  # per expert: √(nonzero count) for a sign, else each expert's Frobenius norm
+                norm = (torch.count_nonzero(q, dim=(1, 2)).to(torch.float64).sqrt().to(torch.float32) if fp32
+                        else torch.linalg.vector_norm(q.to(dtype), dim=(1, 2))).view(-1, 1, 1)
+            else:
+                norm = sign_norm(q) if fp32 else torch.linalg.vector_norm(q.to(dtype))
             scale = math.sqrt(min(d_out, d_in)) / (norm + group["eps"])
         if group["rms_scale"]:
             scale = scale * (0.2 * math.sqrt(max(d_out, d_in)))
         local = p.to_local() if is_dtensor(p) else p
         local.mul_(1 - group["lr"] * group["weight_decay"])
+        if fused and isinstance(scale, Tensor) and scale.ndim == 3:  # per-expert scales: a tensor operand
+            local.addcmul_(q.reshape(p.shape), scale.to(local.dtype), value=-group["lr"])
+            return
         if fused:  # q·scale is exact for q in {−1, 0, 1}: one pass, the unfused update up to rounding lr·scale (tested)
             local.addcmul_(q.reshape(p.shape), scale, value=-group["lr"])
             return
