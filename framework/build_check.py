@@ -153,13 +153,15 @@ def check_lengths(data: Any, model: Any, choices: dict[str, Any]) -> None:
     if not isinstance(limit, int):
         return
     seq_len, max_len = getattr(data, "seq_len", None), getattr(data, "max_len", None)
+    key = getattr(model, "max_seq_len_key", None)  # a Hugging Face model: its config's max_position_embeddings
+    limit_is, raise_it = ((f"{key} ({limit})", "use a model with more positions") if key
+                          else (f"model.max_seq_len={limit}", "raise model.max_seq_len"))
     if isinstance(seq_len, int) and seq_len > limit:
-        raise PreflightError(f"data.seq_len={seq_len} is longer than model.max_seq_len={limit}, the longest sequence "
-                             f"the model '{choices.get('model')}' takes: set data.seq_len <= {limit} or raise "
-                             "model.max_seq_len")
+        raise PreflightError(f"data.seq_len={seq_len} is longer than {limit_is}, the longest sequence "
+                             f"the model '{choices.get('model')}' takes: set data.seq_len <= {limit} or {raise_it}")
     if isinstance(max_len, int) and max_len > limit:
         raise PreflightError(f"data '{choices.get('data')}' makes sequences of up to {max_len} tokens, longer than "
-                             f"model.max_seq_len={limit}: raise model.max_seq_len to >= {max_len} or shorten the data")
+                             f"{limit_is}: {raise_it} (>= {max_len}) or shorten the data")
 
 
 @contextmanager

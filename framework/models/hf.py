@@ -38,7 +38,8 @@ class Adapter:
     `kind`: "causal" (next-token logits, `AutoModelForCausalLM`) or "masked" (logits at the same position,
     `AutoModelForMaskedLM`); `shifted`: logits at position t predict token t+1; `bidirectional`: every position
     attends to every other (what an MDLM backbone needs); `mask_token`: the tokenizer's attribute that holds the
-    [MASK] token (None: the family has none); `call(model, ids)`: the logits of a batch of token ids.
+    [MASK] token (None: the family has none); `call(model, ids, attention_mask)`: the logits of a batch of token
+    ids (`attention_mask`: None, a (batch, seq) key mask with 1 = real token, or a 4-D boolean mask).
     """
 
     name: str
@@ -47,14 +48,14 @@ class Adapter:
     bidirectional: bool
     model_types: tuple[str, ...] = ()  # transformers `model_type`s it covers; () = the kind's default
     mask_token: str | None = None
-    call: Callable[[nn.Module, Tensor], Tensor] | None = None
+    call: Callable[..., Tensor] | None = None
 
-    def logits(self, model: nn.Module, ids: Tensor) -> Tensor:
+    def logits(self, model: nn.Module, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         if self.call is not None:
-            return self.call(model, ids)
+            return self.call(model, ids, attention_mask)
         if self.kind == "causal":
-            return model(input_ids=ids, use_cache=False).logits
-        return model(input_ids=ids).logits
+            return model(input_ids=ids, attention_mask=attention_mask, use_cache=False).logits
+        return model(input_ids=ids, attention_mask=attention_mask).logits
 
 
 #: the adapters by name; `adapter_for` picks one by the config's model_type, else the kind's default
@@ -204,7 +205,10 @@ class HFLanguageModel(RecordsConfig):
     `model_type` and the config's values). `vocab_size` is what the data needs: a fresh config without one takes it;
     a loaded model must have at least that many embeddings. `dtype` is the weights' dtype ("float32",
     "bfloat16", "float16"); `attn_implementation` is transformers' ("sdpa", "eager", or one registered with its
-    `AttentionInterface`).
+    `AttentionInterface`). `causal=False` runs a causal family without its causal mask (transformers 5 uses a
+    4-D boolean mask as given: checked on Llama, Qwen2/3, Mistral, Mixtral, OLMoE) as an MDLM backbone; its logits
+    are then shifted one place right (Dream's convention: position t's logits come from t−1's output, so an
+    autoregressive checkpoint's head keeps its meaning).
     """
 
     kind = "causal"
@@ -218,8 +222,10 @@ class HFLanguageModel(RecordsConfig):
         revision: str | None = None,
         dtype: str = "float32",
         attn_implementation: str | None = "sdpa",
+        causal: bool = True,
     ):
         super().__init__()
+        self.bidirectional = not causal
         if (name_or_path is None) == (config is None):
             raise ValueError(
                 f"model.name_or_path={name_or_path!r}, model.config={config!r}: give exactly one, a Hub id or a "
@@ -246,9 +252,12 @@ class HFLanguageModel(RecordsConfig):
         self.adapter = adapter_for(hf_config.model_type, self.kind)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         if vocab_size is not None and int(vocab_size) > self.vocab_size:
+            mask = (" If the extra id is the [MASK] the mdlm module appends when the data has none: the tokenizer has "
+                    "no mask token, so use a masked LM (model=hf_masked_lm) or a tokenizer with one."
+                    if int(vocab_size) == self.vocab_size + 1 else "")
             raise ValueError(f"the data's token ids go up to {int(vocab_size) - 1} (vocab_size={vocab_size}), but the "
-                             f"model has {self.vocab_size} embeddings: use the model's own tokenizer, or a model "
-                             "with a larger vocabulary")
+                             f"model has {self.vocab_size} embeddings (ids 0..{self.vocab_size - 1}): use the model's "
+                             f"own tokenizer, or a model with a larger vocabulary.{mask}")
         positions = getattr(hf_config, "max_position_embeddings", None)
         self.max_seq_len = int(positions) if isinstance(positions, int) else None
         self.max_seq_len_key = "the model config's max_position_embeddings"
@@ -272,9 +281,16 @@ class HFLanguageModel(RecordsConfig):
         value = getattr(self.hf.config, "mask_token_id", None)
         return int(value) if isinstance(value, int) else None
 
-    def forward(self, idx: Tensor) -> Tensor:
-        """Logits (batch, seq, vocab) of token ids (batch, seq)."""
-        return self.adapter.logits(self.hf, idx)
+    def forward(self, idx: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """Logits (batch, seq, vocab) of token ids (batch, seq); `key_padding_mask` (batch, seq), True = real token."""
+        mask = None if key_padding_mask is None else key_padding_mask.long()
+        if not self.bidirectional or self.adapter.bidirectional:
+            return self.adapter.logits(self.hf, idx, mask)
+        b, t = idx.shape
+        keys = torch.ones(b, t, dtype=torch.bool, device=idx.device) if mask is None else mask.bool()
+        full = keys[:, None, None, :].expand(b, 1, t, t)  # every query sees every real key
+        logits = self.adapter.logits(self.hf, idx, full)
+        return torch.cat([logits[:, :1], logits[:, :-1]], dim=1) if self.adapter.shifted else logits
 
     def save_pretrained(self, folder: str | Path, tokenizer: Any | None = None) -> None:
         """Write the model in transformers' own layout (config.json, model.safetensors, generation config), and the
@@ -291,8 +307,8 @@ class HFCausalLM(HFLanguageModel):
 
     def __init__(self, name_or_path: str | None = None, config: dict[str, Any] | None = None,
                  vocab_size: int | None = None, revision: str | None = None, dtype: str = "float32",
-                 attn_implementation: str | None = "sdpa"):
-        super().__init__(name_or_path, config, vocab_size, revision, dtype, attn_implementation)
+                 attn_implementation: str | None = "sdpa", causal: bool = True):
+        super().__init__(name_or_path, config, vocab_size, revision, dtype, attn_implementation, causal)
 
 
 class HFMaskedLM(HFLanguageModel):

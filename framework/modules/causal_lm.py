@@ -23,22 +23,29 @@ class CausalLM(TrainModule):
         self.val_nll = MeanMetric()
 
     def loss(self, batch: Tensor) -> Tensor:
+        return self.per_sample_loss(batch).mean()
+
+    def per_sample_loss(self, batch: Tensor) -> Tensor:
+        """Each row's mean next-token CE (rows score the same number of tokens, so their mean is the batch's)."""
         inputs, targets = batch[:, :-1], batch[:, 1:]
         logits = self.model(inputs)
         if self.prompt_length:
             start = self.prompt_length - 1
             logits, targets = logits[:, start:], targets[:, start:]
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        tokens = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")
+        return tokens.view(targets.shape).mean(1)
 
-    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
-        """Next-token CE (logged as `train/loss`) plus the model's auxiliary loss if any (`train/aux_loss`)."""
-        loss = self.loss(batch)
+    def training_step(self, batch: Tensor, batch_idx: int) -> dict[str, Tensor]:
+        """Next-token CE (logged as `train/loss`) plus the model's auxiliary loss if any (`train/aux_loss`); the
+        rows' own losses go out as `per_sample_loss`, what a data-selection policy (`sampler=`) reads and weighs."""
+        losses = self.per_sample_loss(batch)
+        loss = losses.mean()
         self.log("train/loss", loss, prog_bar=True)
         aux = self.pop_model_aux_loss()
         if aux is not None:
             self.log("train/aux_loss", aux.detach())
             loss = loss + aux
-        return loss
+        return {"loss": loss, "per_sample_loss": losses}
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
         self.val_nll.update(self.loss(batch), weight=batch.shape[0])
