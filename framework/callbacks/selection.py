@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 from framework.callbacks.selection_swaps import SelectionSource, Swaps
 from framework.samplers.policies import FullPolicy, SelectionPolicy, schedule_warning
 from framework.samplers.selection import SelectionSampler, epochs_for_steps, planned_batches, selection_loader
-from framework.samplers.step import HeadCapture, RankGather, batch_len, reweight, step_fields
+from framework.samplers.step import HeadCapture, RankGather, batch_len, reweight, step_fields, with_sequence_losses
 from framework.samplers.table import ScoreTable
 
 
@@ -45,11 +45,14 @@ class DataSelection(L.Callback):
     its plan is the full-data bound), step-interval LR schedulers are advanced by the difference at the
     epoch's end, so the schedule tracks epochs and still ends on time (and OneCycleLR never over-runs).
     `head`: the dotted name of the module's classifier layer (e.g. "net.fc"), read for `logits` (its output) and
-    `features` (its input) when `training_step`'s output dict does not carry them.
+    `features` (its input) when `training_step`'s output dict does not carry them. A language model's head
+    (`head="model.lm_head"` of a Hugging Face causal LM) gives per-sample losses from its logits and the batch's
+    `labels` or `input_ids` (`shift_labels=False` for a masked LM's unshifted labels), so a `training_step` that
+    returns only `model(**batch).loss` is selected and weighed as is.
     """
 
     def __init__(self, policy: SelectionPolicy | None = None, num_epochs: int | None = None, seed: int | None = None,
-                 align_schedule: bool = True, head: str | None = None):
+                 align_schedule: bool = True, head: str | None = None, shift_labels: bool = True):
         if num_epochs is not None and num_epochs < 1:
             raise ValueError(f"num_epochs={num_epochs} must be >= 1 (or None: the trainer's max_epochs)")
         self.policy = policy or FullPolicy()
@@ -62,7 +65,7 @@ class DataSelection(L.Callback):
         self._pending: dict[str, Any] | None = None  # a checkpoint's state that arrived before setup
         self._swaps = Swaps()  # what the fit changed on the trainer, to put back
         self._dataloader: DataLoader | None = None
-        self.head = head
+        self.head, self.shift_labels = head, shift_labels
         self._index = self._weight = torch.empty(0)  # the current batch's samples and their loss weights
         self._fields: dict[str, Tensor] = {}  # the current step's per-sample fields (from training_step)
 
@@ -140,6 +143,9 @@ class DataSelection(L.Callback):
     def _read_step(self, outputs: Any, batch: Any, capture: HeadCapture | None) -> Any:
         start = time.perf_counter()
         name = type(self.policy).__name__
+        if capture is not None and capture.sequence_logits is not None:  # a language model's head: per-row losses
+            outputs = with_sequence_losses(outputs, batch, capture.sequence_logits, self.shift_labels)
+            capture.sequence_logits = None  # the logits stay alive no longer than the step
         if self.policy.needs != ("index",):  # full and random data need no feedback
             captured = capture.fields if capture is not None else {}
             self._fields = step_fields(outputs, batch, self.policy.needs, self._index, captured, name)

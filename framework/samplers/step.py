@@ -3,7 +3,9 @@
 `DataSelection` reads the per-sample fields a policy `needs` from, in this order:
 - the dict `training_step` returns: `per_sample_loss` (or `losses`), `logits`, `features`, `targets`, `index`;
 - the classifier head it was told to watch (`DataSelection(head="net.fc")`): the head's output is the logits,
-  its input the penultimate features, both taken from the training step's own forward pass;
+  its input the penultimate features, both taken from the training step's own forward pass; a language model's
+  head (`head="model.lm_head"`, logits of shape (batch, seq, vocab)) gives each row's mean token loss against the
+  batch's `labels` (or `input_ids`), so a Hugging Face model that returns only its mean loss needs no change;
 - the batch: `batch["targets"]`/`batch["y"]`, or the second element of a tuple batch `(x, y)`, as targets;
 - its own sampler, for the indices (the callback knows which samples each batch holds: it yields them).
 """
@@ -53,14 +55,19 @@ class HeadCapture:
             raise ValueError(f"DataSelection(head={name!r}): {type(root).__name__} has no such submodule; its "
                              f"layers: {names[:12]}") from error
         self.fields: dict[str, Tensor] = {}
+        self.sequence_logits: Tensor | None = None  # a language model head's (batch, seq, vocab) output, in the graph
         self._handle: Any = None
 
     def _hook(self, module: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
         if isinstance(output, Tensor) and inputs and isinstance(inputs[0], Tensor):
-            self.fields = {"features": inputs[0].detach(), "logits": output.detach()}
+            if output.ndim == 3:  # per token: the features are the rows' mean hidden state
+                self.sequence_logits = output
+                self.fields = {"features": inputs[0].detach().mean(1)}
+            else:
+                self.fields = {"features": inputs[0].detach(), "logits": output.detach()}
 
     def __enter__(self) -> HeadCapture:
-        self.fields = {}
+        self.fields, self.sequence_logits = {}, None
         self._handle = self.module.register_forward_hook(self._hook)
         return self
 
@@ -68,6 +75,28 @@ class HeadCapture:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+
+
+def with_sequence_losses(outputs: Any, batch: Any, logits: Tensor, shift: bool = True) -> Any:
+    """`outputs` as `{"loss": ..., "per_sample_loss": ...}`: each row's mean token cross-entropy of a language model's
+    `logits` (batch, seq, vocab) against the batch's `labels` (else `input_ids`; -100 and padding are ignored, as
+    transformers does), shifted one place for a causal LM (`shift`). Outputs that already carry per-sample losses,
+    or a batch without token labels, are returned unchanged."""
+    out = outputs if isinstance(outputs, dict) else {"loss": outputs}
+    if any(out.get(k) is not None for k in ALIASES["losses"]) or not isinstance(batch, dict):
+        return outputs
+    labels = batch.get("labels", batch.get("input_ids"))
+    if not isinstance(labels, Tensor) or labels.shape != logits.shape[:2]:
+        return outputs
+    labels = labels.clone()
+    if "attention_mask" in batch and "labels" not in batch:
+        labels[batch["attention_mask"] == 0] = -100
+    if shift:
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    tokens = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
+                                               reduction="none").view(labels.shape)
+    counted = (labels != -100).sum(1).clamp(min=1)
+    return {**out, "per_sample_loss": tokens.sum(1) / counted}
 
 
 def step_fields(outputs: Any, batch: Any, needs: tuple[str, ...], index: Tensor, captured: dict[str, Tensor],
