@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.loggers import CSVLogger
@@ -283,3 +284,30 @@ class ResumableCSVLogger(CSVLogger):
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _ContinuedWriter(self.log_dir, self.resume_step)
         return super().experiment
+
+
+class StepSeeds(L.Callback):
+    """Seeds torch's global random stream at the start of every training batch from (the run's seed, the batch's
+    number in the fit, the rank). Draws that take no generator of their own (a Hugging Face model's dropout, a timm
+    model's drop-path) then depend on the batch alone, not on what ran before it, so a run resumed from a checkpoint
+    draws exactly what the unbroken run drew, however many data-loader iterators or validations came in between
+    (each consumes a draw). The framework's own draws use their own generators and are untouched. The run's seed is
+    kept in the checkpoint, so a resumed run continues the same streams."""
+
+    def __init__(self) -> None:
+        self.base: int | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.base is None:
+            self.base = torch.initial_seed()  # what seed_everything set, before any batch reseeds
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+                             ) -> None:
+        count = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # restored on resume; counts micro-batches
+        torch.manual_seed((int(self.base or 0) * 1_000_003 + count * 7_919 + trainer.global_rank * 104_729) % 2**63)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"base": self.base}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.base = state_dict.get("base", self.base)

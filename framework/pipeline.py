@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from framework.assembly import assemble
 from framework.callbacks.run_record import RunRecord, numbers
 from framework.callbacks.safety import GracefulInterrupt, StopOnNonFinite, StopRequested
-from framework.checkpointing import AtomicCheckpointIO
+from framework.checkpointing import AtomicCheckpointIO, StepSeeds
 from framework.console import log_to_run_file
 from framework.errors import PushAfterTrainingError, RunInterrupted
 from framework.resume import checked_resume
@@ -65,7 +65,8 @@ def train(
     interrupt = GracefulInterrupt(resume_hint=record.resume_command)
     theirs = user_callbacks(trainer.keywords.get("callbacks"))  # the user's own, as `trainer.callbacks`
     show_bar = show_progress_bar(trainer.keywords.get("enable_progress_bar"), theirs)
-    ours = [*callbacks.values(), *_hub_callbacks(hub), *_guards(guard, optimizer, interrupt, show_bar), record]
+    ours = [*callbacks.values(), *_hub_callbacks(hub), *_guards(guard, optimizer, interrupt, show_bar), record,
+            StepSeeds()]  # dropout without a generator of its own resumes exactly
     run = trainer(
         callbacks=merge_callbacks(ours, theirs),
         logger=run_loggers(trainer.keywords.get("logger"), run_dir, resume_step),  # ours and `trainer.logger`'s

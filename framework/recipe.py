@@ -196,7 +196,10 @@ def smoke_overrides(argv: list[str]) -> list[str]:
     if len(recipes) != 1 or (name := recipes.pop()) not in SMOKE:
         return []
     given = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a}
-    return [a for a in SMOKE[name] if a.split("=", 1)[0] not in {*given, *SMOKE_KEEPS}]
+    # a group the command swaps (`model=hf_causal_lm`) takes none of the smoke values sized for the recipe's choice
+    swapped = {key for key in given if "." not in key and key not in ("recipe", "size")}
+    return [a for a in SMOKE[name] if a.split("=", 1)[0] not in {*given, *SMOKE_KEEPS}
+            and a.split("=", 1)[0].split(".", 1)[0] not in swapped]
 
 
 def size_overrides(name: str, size: str) -> list[str]:
@@ -248,9 +251,11 @@ def fit_to_choices(argv: list[str]) -> list[str]:
         if any(c is None or str(c) not in GROUPS[group] for c in choices):
             continue
         takes = set.intersection(*(set(_parameters(GROUPS[group].get(str(c)))) for c in choices))
-        for key in [k for k in fitted[group] if k not in takes]:
-            left_out.append(f"{group}={','.join(map(str, choices))} takes no {key}: recipe {name}'s "
-                            f"{group}.{key}={fitted[group].pop(key)} is left out")
+        dropped = {key: fitted[group].pop(key) for key in [k for k in fitted[group] if k not in takes]}
+        if dropped:  # one note per group
+            values = ", ".join(f"{group}.{k}={v}" for k, v in dropped.items())
+            left_out.append(f"{group}={','.join(map(str, choices))} takes no {', '.join(dropped)}: recipe {name}'s "
+                            f"{values} {'is' if len(dropped) == 1 else 'are'} left out")
     if left_out:
         ConfigStore.instance().store(name=name, node=OmegaConf.create(fitted), group="recipe", package="_global_")
     return left_out

@@ -6,6 +6,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from support import warm_cli
@@ -98,3 +99,46 @@ def wait_for_a_checkpoint(proc, run_dir: Path, timeout: float = 240) -> None:
     while not any((run_dir / "checkpoints").glob("step*.ckpt")) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.2)
     assert proc.poll() is None, "the run ended before its first checkpoint"
+
+
+# ---- SIGKILL and resume (tests/test_fault_injection.py, tests/hf/) ---------------------------------------------
+KILL = ["+callbacks.kill._target_=support.faults.KillAtStep"]  # test code: tests/ goes on the runs' PYTHONPATH
+
+
+def start_cli(args: list[str], env: dict | None = None) -> subprocess.Popen:
+    """`python -m framework.train ARGS` started (imports done: `support.warm_cli`), tests/ on its PYTHONPATH."""
+    path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)
+    full = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **(env or {})}
+    return warm_cli.popen("framework.train", args, full, REPO)
+
+
+def finish(proc: subprocess.Popen, timeout: int = 600) -> tuple[int, str]:
+    """Wait for a `start_cli` process: (exit code, stderr)."""
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err
+
+
+def train_state(ckpt: Path) -> dict:
+    """What an exact resume must reproduce: weights, optimizer state, the callbacks' states and the step."""
+    raw = torch.load(ckpt, map_location="cpu", weights_only=True)
+    return {"state_dict": raw["state_dict"], "optimizer_states": raw.get("optimizer_states", []),
+            "callbacks": {k: v for k, v in raw.get("callbacks", {}).items() if not k.startswith("ModelCheckpoint")},
+            "global_step": raw["global_step"]}  # (ModelCheckpoint's state holds its run dir's paths)
+
+
+def assert_same_state(a: Any, b: Any, where: str = "") -> None:
+    """Nested dicts/lists of tensors and values, equal bit for bit (NaN equal to NaN)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b), f"differs at {where}"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"keys differ at {where}: {set(a) ^ set(b)}"
+        for k in a:
+            assert_same_state(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"lengths differ at {where}"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_state(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and a != a:
+        assert b != b, f"differs at {where}"
+    else:
+        assert a == b, f"differs at {where}: {a!r} vs {b!r}"

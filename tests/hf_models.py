@@ -68,7 +68,7 @@ def save_model(family: str, folder: Path, seed: int = 0, with_tokenizer: bool = 
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
     tok = tokenizer()
-    config = hf_config(family, len(tok), **changes)
+    config = hf_config(family, changes.pop("vocab_size", len(tok)), **changes)
     auto = AutoModelForMaskedLM if family in MASKED_FAMILIES else AutoModelForCausalLM
     torch.manual_seed(seed)
     model = auto.from_config(config)

@@ -11,55 +11,19 @@ import os
 import random
 import re
 import shlex
-import subprocess
 import zlib
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO
-from support import warm_cli
+from helpers import KILL
+from helpers import assert_same_state as _assert_same
+from helpers import finish as _finish
+from helpers import start_cli as _start
+from helpers import train_state as _state
 
 from framework.recipe import SMOKE
 from framework.registry import RECIPES
-
-KILL = ["+callbacks.kill._target_=support.faults.KillAtStep"]  # test code: tests/ goes on the runs' PYTHONPATH
-
-
-def _start(args: list[str]) -> subprocess.Popen:
-    path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
-    return warm_cli.popen("framework.train", args, env, REPO)  # `python -m framework.train ARGS`, imports done
-
-
-def _finish(proc: subprocess.Popen, timeout: int = 600) -> tuple[int, str]:
-    _, err = proc.communicate(timeout=timeout)
-    return proc.returncode, err
-
-
-def _state(ckpt: Path) -> dict:
-    raw = torch.load(ckpt, map_location="cpu", weights_only=True)
-    return {"state_dict": raw["state_dict"], "optimizer_states": raw.get("optimizer_states", []),
-            "callbacks": {k: v for k, v in raw.get("callbacks", {}).items() if not k.startswith("ModelCheckpoint")},
-            "global_step": raw["global_step"]}  # (ModelCheckpoint's state holds its run dir's paths)
-
-
-def _assert_same(a, b, where: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b), f"differs at {where}"
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), f"keys differ at {where}: {set(a) ^ set(b)}"
-        for k in a:
-            _assert_same(a[k], b[k], f"{where}/{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), f"lengths differ at {where}"
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _assert_same(x, y, f"{where}[{i}]")
-    elif isinstance(a, float) and a != a:
-        assert b != b, f"differs at {where}"
-    else:
-        assert a == b, f"differs at {where}: {a!r} vs {b!r}"
-
 
 # In every `make test`, the SIGKILL/resume check runs for the recipes whose module has no other bitwise-resume test
 # there: the flagship MDLM with its extra loss, the RLKV probe and the GICDM evaluation. The causal LM (test_train_cli,

@@ -128,6 +128,7 @@ def saved_hparams(module: nn.Module) -> dict[str, Any] | None:
 
 
 __all__ = [
-    "FRAMEWORK", "FRAMEWORK_CONFIG_NAME", "ModelSpec", "PLAIN", "TIMM", "TRANSFORMERS", "TIMM_INFO_KEY", "check_timm_config", "config_format", "model_spec",
+    "FRAMEWORK", "FRAMEWORK_CONFIG_NAME", "ModelSpec", "PLAIN", "TIMM", "TRANSFORMERS", "TIMM_INFO_KEY",
+    "check_timm_config", "config_format", "model_spec",
     "saved_hparams", "timm_architecture", "timm_config", "timm_model",
 ]

@@ -363,5 +363,5 @@ def is_hf_model(model: Any) -> bool:
     return isinstance(model, HFLanguageModel)
 
 
-__all__ = ["ADAPTERS", "Adapter", "HFCausalLM", "HFFeatures", "HFLanguageModel", "HFMaskedLM", "adapter_for", "fresh_hf_config",
-           "is_hf_model", "load_hf_config", "load_tokenizer", "register_adapter"]
+__all__ = ["ADAPTERS", "Adapter", "HFCausalLM", "HFFeatures", "HFLanguageModel", "HFMaskedLM", "adapter_for",
+           "fresh_hf_config", "is_hf_model", "load_hf_config", "load_tokenizer", "register_adapter"]

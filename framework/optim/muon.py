@@ -33,7 +33,8 @@ class MuonAdamW(torch.optim.Optimizer):
     Routing is OLion's (`is_hidden_matrix` and a convnet's classifier, or `predicate`) restricted to 2-D, since
     torch.optim.Muon rejects other shapes: conv kernels go to AdamW. A stack of MoE experts (`is_expert_stack`:
     transformers 5's fused (E, out, in) `gate_up_proj` / `down_proj`) gets torch.optim.Muon's update per expert,
-    batched: the same momentum, Newton–Schulz (`newton_schulz5`, bf16) and lr adjustment on each (out, in) matrix. The AdamW branch runs at `adamw_lr`, a fixed
+    batched: the same momentum, Newton–Schulz (`newton_schulz5`, bf16) and lr adjustment on each (out, in) matrix.
+    The AdamW branch runs at `adamw_lr`, a fixed
     `DEFAULT_ADAMW_LR` unless given (`adamw_lr=None`: each group's `lr`). `param_groups` is the union of the two
     inner optimizers' groups (the same dicts, each tagged `use_muon`), so LR schedulers and Lightning checkpoints
     see one optimizer.
@@ -184,7 +185,8 @@ def _with_expert_stacks(parts: dict[str, dict[str, Any]]) -> list[tuple[str, dic
             continue
         names = sub.get("param_names") or [""] * len(sub["params"])
         for label, keep in (("hidden", False), ("experts", True)):
-            idx = [i for i, (n, p) in enumerate(zip(names, sub["params"], strict=True)) if is_expert_stack(n, p) == keep]
+            idx = [i for i, (n, p) in enumerate(zip(names, sub["params"], strict=True))
+                   if is_expert_stack(n, p) == keep]
             if idx:
                 piece = {"params": [sub["params"][i] for i in idx]}
                 if "param_names" in sub:
