@@ -6,6 +6,8 @@ The iteration maps G = U Σ Vᵀ to roughly U Σ' Vᵀ with Σ' in a band around
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -193,3 +195,21 @@ def _root(count: Tensor) -> Tensor:
     about 1 in 5 such integers on an AMD EPYC), while √n lies ≥ 4 fp64 ulps from every fp32 rounding midpoint, so
     the fp64 root rounds to the right fp32 value."""
     return count.to(torch.float64).sqrt().to(torch.float32)
+
+
+def update_scale(q: Tensor, group: dict, exact_sign: bool, dtype: torch.dtype) -> Tensor | float:
+    """OLion's factor on its (signed) NS5 output q: `use_scale` sets ‖q‖_F to √(min dim), `rms_scale` multiplies by
+    0.2·√(max dim). A stack of MoE experts q (E, out, in) gets one factor per expert, shape (E, 1, 1). `exact_sign`:
+    q is a sign in fp32 math, whose norm is √(nonzero count), correctly rounded (`sign_norm`)."""
+    d_out, d_in = q.shape[-2:]
+    scale: Tensor | float = 1.0
+    if group["use_scale"]:
+        if q.ndim == 3:  # per expert: √(nonzero count) for a sign, else each expert's Frobenius norm
+            norm = (_root(torch.count_nonzero(q, dim=(1, 2))) if exact_sign
+                    else torch.linalg.vector_norm(q.to(dtype), dim=(1, 2))).view(-1, 1, 1)
+        else:
+            norm = sign_norm(q) if exact_sign else torch.linalg.vector_norm(q.to(dtype))
+        scale = math.sqrt(min(d_out, d_in)) / (norm + group["eps"])
+    if group["rms_scale"]:
+        scale = scale * (0.2 * math.sqrt(max(d_out, d_in)))
+    return scale

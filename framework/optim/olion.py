@@ -6,7 +6,6 @@ One optimizer object, so Lightning checkpoints it as one state and LR schedulers
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -23,7 +22,7 @@ from framework.optim.hybrid import (
     is_hidden_matrix,
     materialise,
 )
-from framework.optim.newton_schulz import Workspace, orthogonalize, sign_norm, uses_gram
+from framework.optim.newton_schulz import Workspace, orthogonalize, update_scale, uses_gram
 from framework.optim.ns_dtype import AUTO_KEY, group_ns_dtype
 from framework.optim.ns_sharing import (
     DISTRIBUTED_MODES,
@@ -337,26 +336,14 @@ class OLion(torch.optim.Optimizer):
     def _apply(p: Tensor, group: dict[str, Any], q: Tensor, rank: int, world: int) -> None:
         """W ← W(1−ηλ) − η·scale·q, q the (signed) NS5 output of the full matrix; a DTensor keeps its shard. For a
         stack of experts q is (E, out, in) and each expert gets its own scale (shape (E, 1, 1))."""
-        d_out, d_in = q.shape[-2:]
         # scaling happens in ≥fp32 so entries are 0.2·lr to fp32 precision
         dtype = torch.promote_types(p.dtype, torch.float32)
         fused = group["sign"] and group["use_scale"] and not is_dtensor(p)  # q: NS's dtype, or int8 off the wire
-        scale: Tensor | float = 1.0
-        if group["use_scale"]:
-            fp32 = fused and dtype == torch.float32  # (torch's fp64 norm is not the correctly rounded sqrt)
-            if q.ndim == 3:  # per expert: √(nonzero count) for a sign, else each expert's Frobenius norm
-                norm = (torch.count_nonzero(q, dim=(1, 2)).to(torch.float64).sqrt().to(torch.float32) if fp32
-                        else torch.linalg.vector_norm(q.to(dtype), dim=(1, 2))).view(-1, 1, 1)
-            else:
-                norm = sign_norm(q) if fp32 else torch.linalg.vector_norm(q.to(dtype))
-            scale = math.sqrt(min(d_out, d_in)) / (norm + group["eps"])
-        if group["rms_scale"]:
-            scale = scale * (0.2 * math.sqrt(max(d_out, d_in)))
+        scale = update_scale(q, group, exact_sign=fused and dtype == torch.float32, dtype=dtype)
         local = p.to_local() if is_dtensor(p) else p
         local.mul_(1 - group["lr"] * group["weight_decay"])
         if fused and isinstance(scale, Tensor) and scale.ndim == 3:  # per-expert scales: a tensor operand
-            local.addcmul_(q.reshape(p.shape), scale.to(local.dtype), value=-group["lr"])
-            return
+            scale = scale.to(local.dtype)
         if fused:  # q·scale is exact for q in {−1, 0, 1}: one pass, the unfused update up to rounding lr·scale (tested)
             local.addcmul_(q.reshape(p.shape), scale, value=-group["lr"])
             return

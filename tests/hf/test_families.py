@@ -132,3 +132,26 @@ def test_each_family_round_trips_through_the_local_hub_by_name(folders, family, 
     load_weights_into(fresh, repo)  # init_from=REPO
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values(),
                                                  strict=True))
+
+
+@pytest.mark.parametrize("family", list(CAUSAL_FAMILIES))
+def test_a_causal_family_runs_bidirectionally_with_causal_false(family):
+    """`causal=False` (an MDLM backbone): a change to the last token reaches the first positions' logits; with the
+    default causal mask it does not. Logits are shifted one place right (Dream's convention)."""
+    values = {**CAUSAL_FAMILIES[family], "vocab_size": 300}
+    ids = torch.randint(0, 300, (2, 8), generator=torch.Generator().manual_seed(0))
+    later = ids.clone()
+    later[:, -1] = (ids[:, -1] + 1) % 300
+    for causal in (True, False):
+        torch.manual_seed(0)
+        model = HFCausalLM(config=values, causal=causal).eval()
+        with torch.no_grad():
+            a, b = model(ids), model(later)
+        assert torch.allclose(a[:, :2], b[:, :2]) == causal, (family, causal)
+        if not causal:
+            torch.manual_seed(0)
+            plain = HFCausalLM(config=values).eval()
+            full = torch.ones(2, 1, 8, 8, dtype=torch.bool)
+            with torch.no_grad():
+                unshifted = plain.hf(input_ids=ids, attention_mask=full).logits
+            assert torch.equal(a[:, 1:], unshifted[:, :-1]) and torch.equal(a[:, 0], unshifted[:, 0])

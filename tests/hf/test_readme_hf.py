@@ -1,0 +1,61 @@
+"""README's "Your own Hugging Face model" section, run as printed, in order, against the local Hub: every command line
+(at its recipe's smoke size, `FRAMEWORK_SMOKE=1`) and every Python block (in a fresh process, as a reader would)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO
+from support import warm_cli
+
+pytest.importorskip("transformers")
+
+SECTION = "## Your own Hugging Face model"
+
+
+def _blocks() -> list[tuple[str, str]]:
+    body = (REPO / "README.md").read_text().split(SECTION, 1)[1]
+    body = re.split(r"^## ", body, maxsplit=1, flags=re.M)[0]
+    return re.findall(r"^```(\w*)\n(.*?)^```", body, flags=re.M | re.S)
+
+
+def test_the_section_runs_as_printed(hub, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "FRAMEWORK_SMOKE": "1",
+           "HF_ENDPOINT": hub.url, "HF_TOKEN": "dummy", "HF_HOME": str(tmp_path / "hf_home")}
+    blocks = _blocks()
+    assert [lang for lang, _ in blocks] == ["bash", "python", "bash", "python"]
+    printed = []
+    for i, (lang, code) in enumerate(blocks):
+        cwd = tmp_path / f"block{i}"
+        cwd.mkdir()
+        if lang == "python":
+            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=env,
+                                  timeout=300)
+            assert proc.returncode == 0, f"{code}\n{proc.stderr[-3000:]}"
+            printed.append(proc.stdout.strip())
+            continue
+        for j, line in enumerate(code.strip().splitlines()):
+            argv = shlex.split(line)
+            assert argv[:3] == ["python", "-m", "framework.train"], line
+            (cwd / str(j)).mkdir()
+            proc = warm_cli.run("framework.train", argv[3:], env, cwd / str(j), timeout=300)
+            assert proc.returncode == 0, f"{line}\n{proc.stderr[-3000:]}"
+            (results,) = [json.loads(p.read_text()) for p in (cwd / str(j)).glob("outputs/train/*/results.json")]
+            if "hub.repo_id=" in line:
+                repo = line.split("hub.repo_id=")[1].split()[0]
+                assert results["hub"]["repo_id"] == repo
+                files = set(hub.api.list_repo_files(repo))
+                assert {"config.json", "model.safetensors", "framework.json", "README.md"} <= files, files
+            if "sampler=infobatch" in line:
+                assert results["metrics"]["selection/samples_seen"] > 0
+    tokens = json.loads(printed[0].replace("(", "[").replace(")", "]"))
+    assert len(tokens) == 8 and all(0 <= t < 256 for t in tokens)  # greedy bytes from transformers' own generate
+    scores = eval(printed[1], {})  # noqa: S307 - the block's own printed dict of floats
+    assert set(scores) >= {"precision", "recall", "density", "coverage"}
+    assert all(0.0 <= scores[k] <= 1.0 for k in ("precision", "recall", "coverage"))
