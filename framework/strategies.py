@@ -70,12 +70,21 @@ def reshard(module: nn.Module) -> None:
             sub.reshard()
 
 
+#: names of the list that holds a model's transformer blocks: ours (`blocks`), transformers' decoders (`layers`),
+#: BERT-style encoders (`layer`), GPT-2 (`h`)
+BLOCK_LISTS = ("blocks", "layers", "layer", "h")
+
+
 def units(model: nn.Module) -> list[nn.Module]:
-    """The submodules that become their own FSDP unit: the entries of the model's `blocks` or `layers` list."""
+    """The submodules that become their own FSDP unit: the entries of the model's block list, the shallowest list
+    named in `BLOCK_LISTS` (`model.blocks`; a Hugging Face model's `hf.model.layers` or `hf.bert.encoder.layer`)."""
     for attr in ("blocks", "layers"):
         found = getattr(model, attr, None)
         if isinstance(found, nn.ModuleList | nn.Sequential):
             return list(found)
+    for name, module in model.named_modules():
+        if name and name.rsplit(".", 1)[-1] in BLOCK_LISTS and isinstance(module, nn.ModuleList) and len(module):
+            return list(module)
     return []
 
 

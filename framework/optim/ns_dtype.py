@@ -97,8 +97,9 @@ AUTO_KEY = "ns_dtype_auto"
 def group_ns_dtype(group: dict, device: torch.device, process_group: object, world: int) -> torch.dtype:
     """The group's NS dtype: its `ns_dtype`, else the one chosen for it before, else `fast_ns_dtype` (rank 0's
     choice when several processes step together, so every rank runs the same arithmetic)."""
-    if group["ns_dtype"] is not None:
-        return group["ns_dtype"]
+    if group["ns_dtype"] is not None:  # a name (a state saved before held the dtype itself)
+        given = group["ns_dtype"]
+        return getattr(torch, given) if isinstance(given, str) else given
     name = group.get(AUTO_KEY)
     if name not in CHOICES:
         name = str(fast_ns_dtype(device)).removeprefix("torch.")

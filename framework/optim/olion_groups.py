@@ -178,13 +178,14 @@ def _merged_group(group: dict[str, Any], olds: list[dict[str, Any]], start: int)
 
 def check_init_args(distributed: str, ns_batch: int | None, ns_dtype: Any, modes: tuple[str, ...]) -> Any:
     """OLion's `distributed`, `ns_batch` and `ns_dtype` checked (ValueError naming the valid values); `ns_dtype` given
-    as a name ("bfloat16", e.g. from a Hydra override) becomes its torch dtype."""
+    as a torch dtype becomes its name ("bfloat16"): param groups hold plain values only, so torch.distributed's
+    optimizer state dict (FSDP2's checkpoints) can flatten them; `group_ns_dtype` turns it back into the dtype."""
     if distributed not in modes:
         raise ValueError(f"distributed={distributed!r} is invalid: valid: {', '.join(modes)}")
     if ns_batch is not None and (isinstance(ns_batch, bool) or not isinstance(ns_batch, int) or ns_batch < 1):
         raise ValueError(f"ns_batch={ns_batch!r} is invalid: must be None (per device) or an integer >= 1")
-    if isinstance(ns_dtype, str):
-        if not isinstance(getattr(torch, ns_dtype, None), torch.dtype):
-            raise ValueError(f"ns_dtype={ns_dtype!r} is invalid: use a torch dtype name, e.g. 'bfloat16'")
-        ns_dtype = getattr(torch, ns_dtype)
+    if isinstance(ns_dtype, torch.dtype):
+        ns_dtype = str(ns_dtype).removeprefix("torch.")
+    if isinstance(ns_dtype, str) and not isinstance(getattr(torch, ns_dtype, None), torch.dtype):
+        raise ValueError(f"ns_dtype={ns_dtype!r} is invalid: use a torch dtype name, e.g. 'bfloat16'")
     return ns_dtype
