@@ -17,6 +17,7 @@ from torch import Tensor
 
 from framework.data.resumable import SplitData, check_split_sizes
 from framework.data.rows import GeneratedRows
+from framework.data.symbols import SymbolTask
 from framework.rng import draw_device
 
 PAD, MASK, BOS, SEP, EOS, NDL = range(6)
@@ -125,7 +126,7 @@ def needle_eval_batch(
     return masked_eval_batch(made, m, prompt_length(context_len))
 
 
-class RetrievalData(SplitData):
+class RetrievalData(SymbolTask, SplitData):
     """What needle and kv_recall share: `n_train` rows from `seed`, `n_val` held-out rows from another stream, and
     `eval_batch(m, ...)`: held-out `prompt + [MASK]^(1+m)` inputs for the `mask_sweep` callback.
 
@@ -155,13 +156,14 @@ class RetrievalData(SplitData):
         if self.train_set is not None:
             return
         shape = {**self.prompt_shape(), "max_eos": self.max_eos}
-        self.train_set = GeneratedRows(self.make_rows, self.n_train, self.seed, **shape)
-        self.val_set = GeneratedRows(self.make_rows, self.n_val, self.seed + 1_000_003, **shape)  # a disjoint stream
+        self.train_set = GeneratedRows(self.make_rows, self.n_train, self.seed, self.token_map, **shape)
+        self.val_set = GeneratedRows(self.make_rows, self.n_val, self.seed + 1_000_003, self.token_map,
+                                     **shape)  # a disjoint stream
 
     def eval_batch(self, m: int, n_per_slot: int = 400, seed: int | None = None) -> dict[str, Tensor | int]:
         """Held-out `prompt + [MASK]^(1+m)` inputs over every slot; the same `seed` gives the same prompts."""
         g = torch.Generator().manual_seed(self.seed + 2_000_006 if seed is None else seed)
-        return self.make_eval_batch(m, range(self.n_slots), n_per_slot, g, **self.prompt_shape())
+        return self.written(self.make_eval_batch(m, range(self.n_slots), n_per_slot, g, **self.prompt_shape()))
 
 
 class NeedleData(RetrievalData):

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from framework.data.resumable import SplitData, check_split_sizes, train_loader
 from framework.data.rows import GeneratedRows
+from framework.data.symbols import SymbolTask
 from framework.rng import draw_device
 
 PAD, BOS, SEP, EOS = range(4)
@@ -77,7 +78,7 @@ def chase_rows(n: int, generator: torch.Generator | None = None, n_pairs: int = 
     return torch.cat([prompt, answer], dim=1)
 
 
-class PointerChaseData(SplitData):
+class PointerChaseData(SymbolTask, SplitData):
     """Pointer-chasing rows for causal LMs: `n_train` training rows of `train_task`, `n_val` held-out `chain` rows.
 
     Training batches are token tensors (what `causal_lm` trains on); probes split them at `prompt_length`.
@@ -113,10 +114,11 @@ class PointerChaseData(SplitData):
     def setup(self, stage: str | None = None) -> None:
         if self.val_set is not None:
             return
-        self.chain_set = GeneratedRows(chase_rows, self.n_train, self.seed, **self._shape("chain"))
-        self.train_set = (self.chain_set if self.train_task == "chain"
-                          else GeneratedRows(chase_rows, self.n_train, self.seed + 7, **self._shape(self.train_task)))
-        self.val_set = GeneratedRows(chase_rows, self.n_val, self.seed + 1_000_003, **self._shape("chain"))
+        write = self.token_map
+        self.chain_set = GeneratedRows(chase_rows, self.n_train, self.seed, write, **self._shape("chain"))
+        self.train_set = (self.chain_set if self.train_task == "chain" else
+                          GeneratedRows(chase_rows, self.n_train, self.seed + 7, write, **self._shape(self.train_task)))
+        self.val_set = GeneratedRows(chase_rows, self.n_val, self.seed + 1_000_003, write, **self._shape("chain"))
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.val_batch_size, shuffle=False, num_workers=self.num_workers)
