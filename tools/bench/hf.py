@@ -12,7 +12,8 @@
     checkpoints"): a Llama-shaped model (hidden 128, 4 layers, GQA, byte vocabulary) pretrained with AdamW on
     CPython's documentation prose, then fine-tuned on a different text, the standard library's source code, with
     AdamW, Muon and OLion, each at every lr of its grid over 3 seeds; each optimizer's row is its best lr (lowest
-    mean validation bits per byte), mean ± std over the seeds, beside the pretrained model's own score.
+    mean validation bits per byte), mean ± std over the seeds, beside the pretrained model's own score. A best on the
+    grid's edge adds an lr past it (up to two); a best still on an edge is marked so.
 
     python tools/bench/hf.py [--quick] [--rounds 5] [--steps 20] [--threads 2]
 """
@@ -162,9 +163,21 @@ def bits_per_byte(model: HFCausalLM, rows: torch.Tensor) -> float:
     return loss / len(rows.split(32)) / torch.log(torch.tensor(2.0)).item()
 
 
-def fine_tuning(quick: bool) -> None:
+def _fine_tune(base: HFCausalLM, name: str, lr: float, steps: int, seeds: list[int], val_ft: torch.Tensor,
+               val_pre: torch.Tensor) -> tuple[float, float, float]:
+    """(mean, std of the fine-tuned bpb, mean bpb on the pretraining text after) of `base` fine-tuned per seed."""
     import copy
 
+    scores, kept = [], []
+    for seed in seeds:
+        model = copy.deepcopy(base)
+        train(model, name, lr, "stdlib", steps, seed)
+        scores.append(bits_per_byte(model, val_ft))
+        kept.append(bits_per_byte(model, val_pre))
+    return statistics.mean(scores), statistics.stdev(scores) if len(scores) > 1 else 0.0, statistics.mean(kept)
+
+
+def fine_tuning(quick: bool) -> None:
     pre_steps, ft_steps, seeds = (60, 20, [0]) if quick else (800, 150, [0, 1, 2])
     grids = ({"adamw": [1e-3], "muon": [1e-2], "olion": [1e-2]} if quick else
              {"adamw": [3e-4, 1e-3, 3e-3], "muon": [3e-3, 1e-2, 3e-2], "olion": [1e-3, 3e-3, 1e-2]})
@@ -179,19 +192,21 @@ def fine_tuning(quick: bool) -> None:
     print("| optimizer | lr grid | best lr | stdlib bpb (mean ± std) | pydoc bpb after (forgetting) |\n"
           "|---|---|---|---|---|")
     for name, grid in grids.items():
-        best = None
-        for lr in grid:
-            scores, kept = [], []
-            for seed in seeds:
-                model = copy.deepcopy(base)
-                train(model, name, lr, "stdlib", ft_steps, seed)
-                scores.append(bits_per_byte(model, val_ft))
-                kept.append(bits_per_byte(model, val_pre))
-            mean = statistics.mean(scores)
-            if best is None or mean < best[1]:
-                best = (lr, mean, statistics.stdev(scores) if len(scores) > 1 else 0.0, statistics.mean(kept))
-        lr, mean, std, kept_mean = best
-        print(f"| {name} | {', '.join(f'{v:g}' for v in grid)} | {lr:g} | {mean:.3f} ± {std:.3f} | {kept_mean:.3f} |")
+        results: dict[float, tuple[float, float, float]] = {}
+        grid = list(grid)
+        while True:
+            for lr in grid:
+                if lr not in results:
+                    results[lr] = _fine_tune(base, name, lr, ft_steps, seeds, val_ft, val_pre)
+            best = min(grid, key=lambda v: results[v][0])
+            if quick or len(grid) >= len(grids[name]) + 2 or best not in (grid[0], grid[-1]):
+                break  # an lr on the grid's edge adds one past it (twice at most), so a best is interior
+            step = grid[1] / grid[0]
+            grid = [grid[0] / step, *grid] if best == grid[0] else [*grid, grid[-1] * step]
+        mean, std, kept = results[best]
+        edge = " (grid edge)" if best in (grid[0], grid[-1]) else ""
+        lrs = ", ".join(f"{v:g}" for v in grid)
+        print(f"| {name} | {lrs} | {best:g}{edge} | {mean:.3f} ± {std:.3f} | {kept:.3f} |")
     print()
 
 
