@@ -17,6 +17,11 @@ torch.set_num_threads(1)
 from helpers import run_cli  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    """The `long` tests first (in their order), so neither xdist worker is left alone with one at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture
 def cli():
     return run_cli

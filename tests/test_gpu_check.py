@@ -64,6 +64,7 @@ def test_the_reduced_cpu_check_runs_every_check_for_real(tmp_path):
     assert "| mixed s=0.5 |" in (out / "kv_decode.md").read_text()
 
 
+@pytest.mark.long
 def test_the_reduced_cpu_check_of_one_recipe_runs_every_check_but_the_flagship_and_fsdp2_for_real(tmp_path):
     """`make test`'s variant of the one above: one recipe, and no flagship or fsdp2 row (their commands, the
     mask-agnostic experiment at --size gpu --smoke and an OLion run on FSDP2, run in

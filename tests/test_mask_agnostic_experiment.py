@@ -17,6 +17,7 @@ from helpers import REPO, run_cli
 SCRIPT = REPO / "tools" / "experiments" / "mask_agnostic.py"
 
 
+@pytest.mark.long
 def test_the_gpu_size_runs_end_to_end_at_smoke_size_and_marks_the_cells_beyond_training(tmp_path):
     import subprocess
 

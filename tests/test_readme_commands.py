@@ -73,6 +73,7 @@ def test_the_section_has_the_commands_this_test_knows_how_to_check():
 
 
 @pytest.mark.ddp
+@pytest.mark.long
 def test_every_command_of_running_and_composing_runs_as_printed(tmp_path):
     cmds = commands()
     resume = next(i for i, c in enumerate(cmds) if PLACEHOLDER in " ".join(c))

@@ -56,6 +56,7 @@ def test_the_selection_ready_module_differs_from_the_plain_one_in_at_most_5_line
     assert 0 < max(removed, len(changed) - removed) <= 5, changed
 
 
+@pytest.mark.long
 def test_the_plain_project_and_the_framework_parts_added_by_overrides_run(tmp_path, hub):
     plain = train("model._target_=plain_module.LitModule", f"hydra.run.dir={tmp_path / 'plain'}")
     assert plain.returncode == 0, plain.stderr[-3000:]

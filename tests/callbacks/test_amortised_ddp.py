@@ -4,6 +4,7 @@ selects exactly what a 1-rank fit with the same global batches and seed selects 
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -24,10 +25,12 @@ def _fit(out: Path, policy: str, devices: int) -> list[dict]:
 
 
 @pytest.mark.ddp
+@pytest.mark.long
 @pytest.mark.parametrize("policy", ["data_agent_amortised", pytest.param("random", marks=pytest.mark.slow)])
 def test_two_ranks_select_what_one_rank_selects_for_the_same_seed(tmp_path, policy):
-    r0, r1 = _fit(tmp_path / "two", policy, 2)
-    (single,) = _fit(tmp_path / "one", policy, 1)
+    with ThreadPoolExecutor(2) as pool:  # side by side: each process mostly waits on the other's collectives
+        two, one = pool.submit(_fit, tmp_path / "two", policy, 2), pool.submit(_fit, tmp_path / "one", policy, 1)
+        (r0, r1), (single,) = two.result(), one.result()
     assert r0["selections"].keys() == r1["selections"].keys() == single["selections"].keys() == {0, 1, 2}
     for epoch, selection in single["selections"].items():
         assert torch.equal(r0["selections"][epoch], r1["selections"][epoch])

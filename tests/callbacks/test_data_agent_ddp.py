@@ -13,6 +13,7 @@ SCRIPT = Path(__file__).with_name("ddp_selection_run.py")
 
 
 @pytest.mark.ddp
+@pytest.mark.long
 @pytest.mark.parametrize("policy", ["data_agent", pytest.param("data_agent_staleness", marks=pytest.mark.slow),
                                     pytest.param("infobatch", marks=pytest.mark.slow)])
 def test_two_ranks_select_identically_train_disjoint_shards_and_keep_identical_tables(tmp_path, policy):

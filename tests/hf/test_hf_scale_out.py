@@ -33,11 +33,13 @@ def _max_gap(a: dict, b: dict) -> float:
 
 
 @pytest.mark.ddp
+@pytest.mark.long
 @pytest.mark.parametrize("optimizer", ["adamw", "olion"])
 def test_ddp_and_fsdp2_on_an_hf_model_end_where_one_process_ends(folder, tmp_path, optimizer):
     """The data shards each global batch of 8 rows over the ranks (4 each): one process with batch 8 trains on the
-    same rows, and the trained models' losses agree within 1e-6 (AdamW). FSDP2 ends bitwise where DDP ends (OLion's
-    round-robin Newton–Schulz and its gathered matrices included). OLion's one-process run differs from DDP's by
+    same rows, and the trained models' losses agree within 1e-6 (AdamW). FSDP2 ends bitwise where DDP ends with OLion
+    (its round-robin Newton–Schulz on gathered matrices, its AdamW branch on the rest). OLion's one-process run
+    differs from DDP's by
     more: DDP averages two half-batch gradients, one process takes one mean, and the last-bit difference flips the
     sign of a few near-zero NS entries (each a ±0.2·lr·scale step); measured 6e-6 in the loss after 4 steps."""
     args = _args(folder, optimizer)
@@ -47,14 +49,16 @@ def test_ddp_and_fsdp2_on_an_hf_model_end_where_one_process_ends(folder, tmp_pat
     for proc in (one, ddp):
         code, err = finish(proc)
         assert code == 0, err[-3000:]
-    code, err = finish(start_cli([*args, "data.batch_size=4", "trainer.devices=2", "trainer.strategy=fsdp2",
-                                  f"hydra.run.dir={tmp_path / 'fsdp2'}"]))
-    assert code == 0, err[-3000:]
-    single, data_parallel, sharded = (_weights(tmp_path / n) for n in ("one", "ddp", "fsdp2"))
-    loss = {n: _loss(folder, w) for n, w in (("one", single), ("ddp", data_parallel), ("fsdp2", sharded))}
+    single, data_parallel = _weights(tmp_path / "one"), _weights(tmp_path / "ddp")
     assert _max_gap(single, _weights_at_start(folder)) > 1e-3  # it trained
-    assert abs(loss["one"] - loss["ddp"]) <= (1e-6 if optimizer == "adamw" else 1e-4), loss
-    assert loss["ddp"] == loss["fsdp2"] and _max_gap(data_parallel, sharded) == 0.0
+    loss_one, loss_ddp = _loss(folder, single), _loss(folder, data_parallel)
+    assert abs(loss_one - loss_ddp) <= (1e-6 if optimizer == "adamw" else 1e-4), (loss_one, loss_ddp)
+    if optimizer == "olion":  # FSDP2 with OLion: its round-robin NS on gathered matrices, the harder case of the two
+        code, err = finish(start_cli([*args, "data.batch_size=4", "trainer.devices=2", "trainer.strategy=fsdp2",
+                                      f"hydra.run.dir={tmp_path / 'fsdp2'}"]))
+        assert code == 0, err[-3000:]
+        sharded = _weights(tmp_path / "fsdp2")
+        assert _loss(folder, sharded) == loss_ddp and _max_gap(data_parallel, sharded) == 0.0
 
 
 def _loss(folder, weights: dict[str, torch.Tensor]) -> float:

@@ -25,6 +25,7 @@ def _blocks() -> list[tuple[str, str]]:
     return re.findall(r"^```(\w*)\n(.*?)^```", body, flags=re.M | re.S)
 
 
+@pytest.mark.long
 def test_the_section_runs_as_printed(hub, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "FRAMEWORK_SMOKE": "1",
            "HF_ENDPOINT": hub.url, "HF_TOKEN": "dummy", "HF_HOME": str(tmp_path / "hf_home")}

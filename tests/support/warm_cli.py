@@ -198,9 +198,20 @@ class WarmCLI:
             self._changed.notify_all()
 
     def serves(self, env: dict[str, str], cwd: Path) -> bool:
-        """Whether a run with `env` in `cwd` imports what the server imported: every variable the same but those
-        read at run time (RUNTIME_ENV) or by a package the server has not imported, and nothing in `cwd` or on
-        PYTHONPATH shadowing a top-level module the server imported from elsewhere."""
+        """Whether a run with `env` in `cwd` imports what the server imported: `same_imports(env)` and nothing in
+        `cwd` or on PYTHONPATH shadowing a top-level module the server imported from elsewhere."""
+        if not self.same_imports(env):
+            return False
+        folders = [Path(cwd), *(Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+        for path in (p for f in folders if f.is_dir() for p in f.iterdir()):
+            imported = self._top_level.get(path.name.removesuffix(".py"))
+            if imported is not None and not Path(imported).resolve().is_relative_to(path.resolve()):
+                return False
+        return True
+
+    def same_imports(self, env: dict[str, str]) -> bool:
+        """Whether `env` equals the server's in every variable but those read at run time (RUNTIME_ENV) or by a
+        package the server has not imported (False once the server is gone)."""
         if self._proc.poll() is not None:
             return False
         self._wait_ready()
@@ -208,11 +219,6 @@ class WarmCLI:
             unread = any(key.startswith(prefix) and package not in self._top_level
                          for prefix, package in READ_AT_IMPORT_BY.items())
             if env.get(key) != self.env.get(key) and not unread:
-                return False
-        folders = [Path(cwd), *(Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
-        for path in (p for f in folders if f.is_dir() for p in f.iterdir()):
-            imported = self._top_level.get(path.name.removesuffix(".py"))
-            if imported is not None and not Path(imported).resolve().is_relative_to(path.resolve()):
                 return False
         return True
 
@@ -245,20 +251,50 @@ class WarmCLI:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-_SERVERS: dict[str, WarmCLI] = {}
+_SERVERS: dict[tuple[str, str], WarmCLI] = {}
 _STARTING = threading.Lock()
 _OWNER = os.getpid()  # a process forked from this one (a test's rank workers) leaves the servers alone at exit
+#: servers per module beyond the first (the tests' own environment): one for each other environment a test runs the
+#: module in (a Hub test's HF_ENDPOINT, say), the least recently started idle one closed to make room
+MORE_SERVERS = 2
+
+
+def _key(env: dict[str, str]) -> str:
+    return json.dumps(sorted((k, v) for k, v in env.items() if k not in RUNTIME_ENV))
+
+
+def _server(module: str, env: dict[str, str], cwd: Path) -> WarmCLI | None:
+    """A server that serves a run of `module` with `env` in `cwd`: the tests' own, one started for this environment
+    before, or a new one for it (None where a run must start fresh: its folder shadows an imported module)."""
+    root = Path(__file__).resolve().parents[2]
+    with _STARTING:
+        base = {k: v for k, v in BASE_ENV.items() if k not in RUNTIME_ENV}
+        if (module, _key(base)) not in _SERVERS:
+            _SERVERS[module, _key(base)] = WarmCLI(module, base, root)
+        ours = [s for (m, _), s in _SERVERS.items() if m == module]
+    for server in ours:
+        if server.serves(env, cwd):
+            return server
+    if not any(s.same_imports(env) for s in ours):  # the environment differs: a server of its own
+        with _STARTING:
+            others = [(k, s) for k, s in _SERVERS.items() if k[0] == module and s is not ours[0]]
+            if len(others) >= MORE_SERVERS:
+                idle = [(k, s) for k, s in others if not s._running]
+                if not idle:
+                    return None
+                _SERVERS.pop(idle[0][0]).close()
+            server = _SERVERS[module, _key(env)] = WarmCLI(
+                module, {k: v for k, v in env.items() if k not in RUNTIME_ENV}, root)
+        if server.serves(env, cwd):
+            return server
+    return None
 
 
 def popen(module: str, args: list[str], env: dict[str, str], cwd: Path, text: bool = True):
     """`python -m MODULE ARGS` with `env` in `cwd`, stdout and stderr captured: warm where it can, else fresh."""
     if module in WARM_MODULES and os.environ.get("FRAMEWORK_TEST_FRESH_CLI") != "1":
-        with _STARTING:
-            server = _SERVERS.get(module)
-            if server is None:
-                base = {k: v for k, v in BASE_ENV.items() if k not in RUNTIME_ENV}
-                server = _SERVERS[module] = WarmCLI(module, base, Path(__file__).resolve().parents[2])
-        if server.serves(env, cwd):
+        server = _server(module, env, cwd)
+        if server is not None:
             return server.popen(args, env, cwd, text)
     return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=env, text=text,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
