@@ -49,6 +49,7 @@ class _Bundle:
     metrics_csv: Path | None = None
     train_config: Path | None = None
     format: str = FRAMEWORK  # config.json's format: framework, timm or plain (`framework.hub.formats`)
+    extras: list[tuple[str, Path]] = field(default_factory=list)  # method artefacts: (path in the repo, file)
 
     @property
     def name(self) -> str:
@@ -134,7 +135,19 @@ def _bundle_from_run_dir(run: RunDir, build: Build | None) -> _Bundle:
         model, config, {k: float(v) for k, v in (results.get("metrics") or {}).items()},
         [choices["data"]] if choices.get("data") else [], choices.get("module"), results.get("global_step"),
         _file_or_none(run.root / "csv" / "metrics.csv"), _file_or_none(run.root / ".hydra" / "config.yaml"),
+        extras=method_artefacts(run.root),
     )
+
+
+#: files a method writes into its run dir that travel with the model, in the same repo (`METHOD_ARTEFACTS`:
+#: RLKV / DuoAttention head allocations with their pattern folder, growth records)
+METHOD_ARTEFACTS = ("head_allocation.json", "gates.tsv", "attn_pattern/full_attention_heads.tsv",
+                    "attn_pattern/adapter_weights.tsv", "attn_pattern/config.json", "growth.json")
+
+
+def method_artefacts(root: Path) -> list[tuple[str, Path]]:
+    """(path in the repo, file) of each `METHOD_ARTEFACTS` file in the run dir `root`."""
+    return [(name, root / name) for name in METHOD_ARTEFACTS if (root / name).is_file()]
 
 
 def _bundle_from_module(module: nn.Module, info: dict[str, Any]) -> _Bundle:
@@ -173,6 +186,9 @@ def _stage(bundle: _Bundle, folder: Path, repo_id: str, revision: str | None) ->
         (folder / CONFIG_NAME).write_text(json.dumps(bundle.config, indent=2) + "\n")
     if bundle.train_config is not None:
         shutil.copyfile(bundle.train_config, folder / TRAIN_CONFIG_NAME)
+    for name, path in bundle.extras:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, folder / name)
     has_plot = False
     with contextlib.suppress(ValueError):  # nothing logged yet: a card without a plot
         has_plot = bundle.metrics_csv is not None and plot_training_curves(bundle.metrics_csv, folder / PLOT_NAME)
@@ -186,7 +202,7 @@ def _commit(folder: Path, repo_id: str, revision: str | None, private: bool, mes
     api.create_repo(repo_id, private=private, exist_ok=True)
     if revision and revision != "main":
         api.create_branch(repo_id, branch=revision, exist_ok=True)
-    staged = sorted(p.name for p in folder.iterdir())
+    staged = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     stale = set(ARTIFACTS) & set(api.list_repo_files(repo_id, revision=revision)) - set(staged)
     ops = [CommitOperationAdd(path_in_repo=n, path_or_fileobj=str(folder / n)) for n in staged]
     ops += [CommitOperationDelete(path_in_repo=n) for n in sorted(stale)]  # e.g. a plot this push lacks

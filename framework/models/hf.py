@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from framework.models.base import RecordsConfig
 from framework.models.hf_loading import _transformers, fresh_hf_config, load_hf_config, load_tokenizer
+from framework.models.transformer import check_window
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -134,6 +135,7 @@ class HFLanguageModel(RecordsConfig):
             self._check_kind(hf_config, f"model.config.model_type={hf_config.model_type}")
             model = auto.from_config(hf_config, **kwargs)
         self.hf = model
+        self.loaded_weights = name_or_path is not None  # trained weights, not a fresh init (probes keep them as is)
         self.adapter = adapter_for(hf_config.model_type, self.kind)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         if vocab_size is not None and int(vocab_size) > self.vocab_size:
@@ -188,12 +190,77 @@ class HFLanguageModel(RecordsConfig):
 
 
 class HFCausalLM(HFLanguageModel):
-    """A transformers causal LM (`AutoModelForCausalLM`): Llama, Qwen2/3, Mistral, Mixtral, Qwen2-MoE, OLMoE, ..."""
+    """A transformers causal LM (`AutoModelForCausalLM`): Llama, Qwen2/3, Mistral, Mixtral, Qwen2-MoE, OLMoE, ...
+
+    It takes RLKV's per-KV-head gates and a mixed KV cache as the framework's own `TransformerLM` does
+    (`forward(ids, gates=, window=)`, `forward(ids, cache=)`, `gate_shape`, `mixed_cache`), through transformers'
+    attention interface (`framework.models.hf_attention`), so the probes and `decode` run on it unchanged.
+    """
 
     def __init__(self, name_or_path: str | None = None, config: dict[str, Any] | None = None,
                  vocab_size: int | None = None, revision: str | None = None, dtype: str = "float32",
                  attn_implementation: str | None = "sdpa", causal: bool = True):
         super().__init__(name_or_path, config, vocab_size, revision, dtype, attn_implementation, causal)
+
+    @property
+    def gate_shape(self) -> tuple[int, int]:
+        """(layers, kv_heads): one gate per KV head, shared by the query heads of its group."""
+        from framework.models.hf_attention import attention_shape
+
+        if self.bidirectional:
+            raise ValueError("this hf_causal_lm has causal=False: gates and KV caches need causal attention")
+        layers, kv_heads, _ = attention_shape(self.hf)
+        return layers, kv_heads
+
+    def mixed_cache(self, full_heads: Tensor | None = None, window: tuple[int, int] = (1, 4),
+                    capacity: int | None = None, prefill: str = "streaming") -> Any:
+        """A transformers `Cache` (`framework.models.hf_attention.mixed_kv_cache`) for `forward(ids, cache=)` and
+        for `self.hf.generate(ids, cache=...)`."""
+        from framework.models.hf_attention import mixed_kv_cache
+
+        self.gate_shape  # noqa: B018 - refuses a bidirectional model
+        return mixed_kv_cache(self.hf, full_heads, window, capacity, prefill)
+
+    def forward(self, idx: Tensor, key_padding_mask: Tensor | None = None, gates: Tensor | None = None,
+                window: tuple[int, int] | None = None, cache: Any = None) -> Tensor:
+        """Logits (batch, seq, vocab). `gates` (layers, kv_heads) in [0, 1] with `window=(sink, recent)` blend full
+        (1) and streaming (0) attention per KV head; `cache` (`mixed_cache`) continues from what it holds."""
+        if gates is None and cache is None:
+            return super().forward(idx, key_padding_mask)
+        return self._run(self.hf, idx, key_padding_mask, gates, window, cache).logits
+
+    def features(self, idx: Tensor, key_padding_mask: Tensor | None = None, gates: Tensor | None = None,
+                 window: tuple[int, int] | None = None, cache: Any = None) -> Tensor:
+        """The decoder's final hidden states (batch, seq, hidden), after its last norm: the LM head's input (what
+        DuoAttention's probe distils). Gates and cache as in `forward`."""
+        return self._run(self.hf.base_model, idx, key_padding_mask, gates, window, cache).last_hidden_state
+
+    def _run(self, target: nn.Module, idx: Tensor, key_padding_mask: Tensor | None, gates: Tensor | None,
+             window: tuple[int, int] | None, cache: Any) -> Any:
+        kwargs: dict[str, Any] = {"use_cache": cache is not None}
+        if gates is not None or cache is not None:
+            from framework.models.hf_attention import use_rlkv_attention
+
+            shape = self.gate_shape
+            use_rlkv_attention(self.hf)
+            if gates is not None:
+                if tuple(gates.shape) != shape:
+                    raise ValueError(f"gates of shape {tuple(gates.shape)} do not fit: expected (layers, kv_heads) = "
+                                     f"{shape}")
+                kwargs.update(rlkv_gates=gates, rlkv_window=check_window(window))
+            if cache is not None:
+                if key_padding_mask is not None and not bool(key_padding_mask.all()):
+                    raise ValueError("the mixed KV cache takes equal-length rows (no padding) in one batch")
+                kwargs[cache_argument(self.hf)] = cache
+        mask = None if key_padding_mask is None else key_padding_mask.long()
+        return target(input_ids=idx, attention_mask=mask, **kwargs)
+
+
+def cache_argument(model: nn.Module) -> str:
+    """The name under which `model.forward` takes a KV cache: `cache` (transformers ≥ 5.x) or `past_key_values`."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
 
 
 class HFMaskedLM(HFLanguageModel):

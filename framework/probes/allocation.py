@@ -29,6 +29,12 @@ from framework.errors import run_cli
 
 FILE_NAME, TSV_NAME = "head_allocation.json", "gates.tsv"
 FORMAT_VERSION = 1
+#: DuoAttention's and RLKV's own layout, written beside ours in this subfolder (so a model repo's config.json is
+#: never touched): a layers × KV heads matrix of gates, tab-separated, one layer per line, and DuoAttention's
+#: `config.json` with `sink_size` / `recent_size`. DuoAttention reads `full_attention_heads.tsv`, RLKV
+#: `adapter_weights.tsv` (the same matrix); both clip the values to [0, 1].
+PATTERN_DIR, DUO_TSV, RLKV_TSV, PATTERN_CONFIG = "attn_pattern", "full_attention_heads.tsv", "adapter_weights.tsv", \
+    "config.json"
 
 
 def full_head_count(n_heads: int, sparsity: float) -> int:
@@ -36,6 +42,18 @@ def full_head_count(n_heads: int, sparsity: float) -> int:
     if not 0.0 <= sparsity <= 1.0:
         raise ValueError(f"sparsity={sparsity} must lie in [0, 1] (the fraction of KV heads compressed)")
     return int(math.floor((1.0 - sparsity) * n_heads + 0.5))
+
+
+def gate_shape(model: Any) -> tuple[int, int]:
+    """(layers, kv_heads) of a model that takes per-KV-head gates and a mixed cache (its `gate_shape`); ValueError
+    naming the model otherwise."""
+    try:
+        shape = model.gate_shape
+    except AttributeError:
+        raise ValueError(f"{type(model).__name__} takes no attention gates: head allocations and probes apply to "
+                         "causal language models with per-KV-head attention (TransformerLM, MoETransformerLM, "
+                         "hf_causal_lm)") from None
+    return tuple(int(x) for x in shape)
 
 
 def select_full_heads(gates: Tensor, sparsity: float, seed: int = 0) -> Tensor:
@@ -48,6 +66,23 @@ def select_full_heads(gates: Tensor, sparsity: float, seed: int = 0) -> Tensor:
     mask = torch.zeros(flat.shape, dtype=torch.bool)
     mask[torch.argsort(flat + noise, descending=True)[:keep]] = True
     return mask.view(gates.shape)
+
+
+def _read_matrix(path: Path) -> list[list[float]]:
+    """A tab- (or space-) separated matrix of floats, one row per line (blank lines and `#` comments skipped)."""
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            rows.append([float(x) for x in line.split()])
+        except ValueError:
+            raise ValueError(f"{path}, line {n}: {line[:60]!r} is not a row of numbers (a layers × KV heads matrix "
+                             "of gates, tab-separated)") from None
+    if not rows or len({len(r) for r in rows}) != 1:
+        raise ValueError(f"{path}: rows of {sorted({len(r) for r in rows})} values; a layers × KV heads matrix has "
+                         "one row per layer, all of the same length")
+    return rows
 
 
 @dataclass
@@ -90,32 +125,67 @@ class HeadAllocation:
         return select_full_heads(self.tensor(), self.sparsity if sparsity is None else sparsity, seed)
 
     def check_model(self, model: Any) -> None:
-        """ValueError unless `model` (a TransformerLM) has depth × kv_heads equal to this allocation's shape."""
-        blocks = getattr(model, "blocks", None)
-        if blocks is None:
-            raise ValueError(f"{type(model).__name__} has no .blocks: head allocations apply to TransformerLM models")
-        shape = (len(blocks), blocks[0].attn.kv_heads)
+        """ValueError unless `model` (a causal TransformerLM or hf_causal_lm) has layers × kv_heads equal to this
+        allocation's shape."""
+        shape = gate_shape(model)
         if shape != self.shape:
-            raise ValueError(f"this allocation is for depth × kv_heads = {self.shape}, the model has {shape}")
+            raise ValueError(f"this allocation is for layers × kv_heads = {self.shape}, the model has {shape}")
 
     # -- files ----------------------------------------------------------------------------------------------
     def to_json(self) -> str:
         return json.dumps({"format_version": FORMAT_VERSION, **asdict(self)}, indent=2) + "\n"
 
     def to_tsv(self) -> str:
-        """One line per (layer, kv_head): `layer  head  gate` (DuoAttention/RLKV's `adapter_weights.tsv` shape)."""
+        """One line per (layer, kv_head): `layer  head  gate`, with a header (readable; the matrix DuoAttention and
+        RLKV read is `to_pattern`)."""
         lines = ["layer\thead\tgate"]
         lines += [f"{i}\t{j}\t{g:.6f}" for i, row in enumerate(self.gates) for j, g in enumerate(row)]
         return "\n".join(lines) + "\n"
 
+    def to_pattern(self) -> str:
+        """The gates as DuoAttention's and RLKV's matrix: one layer per line, its KV heads' gates tab-separated
+        (numpy's `savetxt(..., delimiter="\\t")` format, 18 significant digits)."""
+        return "".join("\t".join(f"{g:.18e}" for g in row) + "\n" for row in self.gates)
+
     def save(self, folder: str | Path) -> Path:
-        """Write `head_allocation.json` and `gates.tsv` into `folder`; returns the JSON path."""
+        """Write `head_allocation.json` and `gates.tsv` into `folder`, and DuoAttention's / RLKV's layout into
+        `folder/attn_pattern/` (`full_attention_heads.tsv`, `adapter_weights.tsv`, `config.json`); returns the JSON
+        path."""
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
+        (folder / PATTERN_DIR).mkdir(parents=True, exist_ok=True)
         (folder / TSV_NAME).write_text(self.to_tsv())
+        for name in (DUO_TSV, RLKV_TSV):
+            (folder / PATTERN_DIR / name).write_text(self.to_pattern())
+        config = {"sink_size": self.sink, "recent_size": self.recent, "sparsity": self.sparsity,
+                  "method": self.method or "gates", "written_by": "framework"}
+        (folder / PATTERN_DIR / PATTERN_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
         path = folder / FILE_NAME
         path.write_text(self.to_json())
         return path
+
+    @classmethod
+    def from_pattern(cls, folder: str | Path, sink: int | None = None, recent: int | None = None,
+                     sparsity: float = 0.5) -> HeadAllocation:
+        """Read a DuoAttention or RLKV pattern folder: `adapter_weights.tsv` (RLKV) or `full_attention_heads.tsv`
+        (DuoAttention), a layers × KV heads tab-separated matrix whose values are clipped to [0, 1] as both
+        projects do; the window from its `config.json` (`sink_size`, `recent_size`) unless `sink` / `recent` are
+        given (RLKV's runs pass them on the command line). ValueError naming the file on a malformed one."""
+        folder = Path(folder)
+        name = next((n for n in (RLKV_TSV, DUO_TSV) if (folder / n).is_file()), None)
+        if name is None:
+            raise FileNotFoundError(f"no {RLKV_TSV} or {DUO_TSV} in {folder}: pass a DuoAttention or RLKV pattern "
+                                    "folder")
+        gates = _read_matrix(folder / name)
+        config_path = folder / PATTERN_CONFIG
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        sink = config.get("sink_size") if sink is None else sink
+        recent = config.get("recent_size") if recent is None else recent
+        if sink is None or recent is None:
+            raise ValueError(f"{folder} has no {PATTERN_CONFIG} with sink_size and recent_size: pass the window "
+                             "(sink, recent) it was trained with")
+        method = "rlkv" if name == RLKV_TSV else "duo_attention"
+        return cls([[min(1.0, max(0.0, g)) for g in row] for row in gates], int(sink), int(recent),
+                   sparsity=float(sparsity), method=str(config.get("method", method)))
 
     @classmethod
     def from_json(cls, text: str, where: str = "head_allocation.json") -> HeadAllocation:
@@ -136,8 +206,12 @@ class HeadAllocation:
 
     @classmethod
     def load(cls, path: str | Path) -> HeadAllocation:
-        """From a `head_allocation.json` file or a folder (a run dir) holding one."""
+        """From a `head_allocation.json` file or a folder (a run dir) holding one, or a DuoAttention / RLKV pattern
+        folder (`from_pattern`)."""
         path = Path(path)
+        if path.is_dir() and not (path / FILE_NAME).is_file() and any(
+                (path / n).is_file() for n in (DUO_TSV, RLKV_TSV)):
+            return cls.from_pattern(path)
         if path.is_dir():
             path = path / FILE_NAME
         if not path.is_file():
@@ -147,7 +221,8 @@ class HeadAllocation:
     # -- the Hub --------------------------------------------------------------------------------------------
     def push_to_hub(self, repo_id: str, revision: str | None = None, private: bool = False,
                     commit_message: str | None = None) -> str:
-        """Add `head_allocation.json`, `gates.tsv` (and a model card if the repo has none) in ONE commit.
+        """Add `head_allocation.json`, `gates.tsv`, the `attn_pattern/` folder (and a model card if the repo has
+        none) in ONE commit.
 
         Other files are left alone, so the allocation can sit next to the model it was probed on. Returns the
         commit id.
@@ -163,7 +238,7 @@ class HeadAllocation:
             api.create_branch(repo_id, branch=revision, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="framework-alloc-") as tmp:
             self.save(tmp)
-            names = [FILE_NAME, TSV_NAME]
+            names = [FILE_NAME, TSV_NAME, *(f"{PATTERN_DIR}/{n}" for n in (DUO_TSV, RLKV_TSV, PATTERN_CONFIG))]
             if "README.md" not in api.list_repo_files(repo_id, revision=revision):
                 (Path(tmp) / "README.md").write_text(self.card(repo_id))
                 names.append("README.md")

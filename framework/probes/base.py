@@ -23,7 +23,7 @@ from torchmetrics import MeanMetric
 from framework.models.transformer import check_window
 from framework.modules.base import TrainModule
 from framework.modules.data_spec import DataSpec
-from framework.probes.allocation import HeadAllocation, select_full_heads
+from framework.probes.allocation import HeadAllocation, gate_shape, select_full_heads
 from framework.probes.kv_cache import decode, decode_uncached
 from framework.probes.rewards import exact_match
 
@@ -91,9 +91,7 @@ class HeadProbe(TrainModule):
                  max_new_tokens: int | None = None, eos_id: int | None = None, pad_id: int | None = None,
                  save_allocation: bool = True):
         super().__init__(model, optimizer, scheduler, **({"vocab_size": vocab_size} if vocab_size else {}))
-        blocks = getattr(self.model, "blocks", None)
-        if blocks is None or not all(b.attn.causal for b in blocks):
-            raise ValueError(f"{type(self.model).__name__} is not a causal TransformerLM: probes gate causal attention")
+        shape = gate_shape(self.model)
         self.window = check_window((sink, recent))
         if not 0.0 <= init_gate <= 1.0:
             raise ValueError(f"init_gate={init_gate} must lie in [0, 1]")
@@ -109,7 +107,7 @@ class HeadProbe(TrainModule):
         self.prompt_length, self.max_new_tokens = prompt_length, max_new_tokens
         self.eos_id, self.pad_id = eos_id, pad_id
         self.save_allocation = save_allocation
-        self.gates = nn.Parameter(torch.full((len(blocks), blocks[0].attn.kv_heads), float(init_gate)))
+        self.gates = nn.Parameter(torch.full(shape, float(init_gate)))
         self.model.requires_grad_(False)
         self.register_buffer("_init_fingerprint", _fingerprint(self.model), persistent=False)
         self.val_full, self.val_soft = MeanMetric(), MeanMetric()
@@ -153,7 +151,10 @@ class HeadProbe(TrainModule):
 
     # -- pretraining the base when none was loaded ------------------------------------------------------------
     def base_is_untouched(self) -> bool:
-        """True while the base holds exactly the random weights it was built with (no init_from, no checkpoint)."""
+        """True while the base holds exactly the random weights it was built with (no init_from, no checkpoint, not
+        a model loaded by name: a Hugging Face model's `loaded_weights`)."""
+        if getattr(self.model, "loaded_weights", False):
+            return False
         now = _fingerprint(self.model).to(self._init_fingerprint.device)
         return now.shape == self._init_fingerprint.shape and bool(torch.equal(now, self._init_fingerprint))
 

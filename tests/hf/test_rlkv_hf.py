@@ -1,0 +1,145 @@
+"""RLKV on transformers models, through transformers' attention interface (no forward method replaced): per-KV-head
+gates blend full and streaming attention, and a mixed KV cache (a transformers `Cache`) inside `generate()` gives
+HF's own tokens at s = 0 and the hard-gated no-cache model's at s > 0, holds exactly the theory's KV bytes, and
+allocates no cache memory while decoding. Tiny configs of each family; nothing downloaded."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from hf_models import CAUSAL_FAMILIES, hf_config, save_model
+from support import warm_cli
+
+pytest.importorskip("transformers")
+
+from framework.models.hf import HFCausalLM  # noqa: E402
+from framework.models.hf_attention import cache_nbytes  # noqa: E402
+from framework.models.transformer import stream_mask  # noqa: E402
+from framework.probes.kv_cache import decode, decode_uncached  # noqa: E402
+
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "mixtral"]
+WINDOW = (1, 4)
+
+
+def _head_dim(model: HFCausalLM) -> int:
+    config = model.hf.config
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _model(family: str, seed: int = 0) -> HFCausalLM:
+    torch.manual_seed(seed)
+    values = {k: v for k, v in CAUSAL_FAMILIES[family].items()}
+    return HFCausalLM(config=values, vocab_size=96).eval()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gates_blend_full_and_streaming_attention_per_kv_head(family):
+    model = _model(family)
+    ids = torch.randint(3, 96, (2, 24), generator=torch.Generator().manual_seed(1))
+    layers, kv_heads = model.gate_shape
+    assert (layers, kv_heads) == (2, 2)
+    with torch.no_grad():
+        plain = model(ids)
+        full = model(ids, gates=torch.ones(layers, kv_heads), window=WINDOW)
+        streaming = model(ids, gates=torch.zeros(layers, kv_heads), window=WINDOW)
+        mask = stream_mask(24, 24, *WINDOW)[None, None].expand(2, 1, 24, 24)  # transformers takes a 4-D mask as is
+        reference = model.hf(input_ids=ids, attention_mask=mask).logits
+        again = model(ids)
+    assert torch.equal(full, plain) and torch.equal(again, plain)  # gates of 1: the model, unchanged
+    torch.testing.assert_close(streaming, reference, rtol=0, atol=1e-5)
+    assert (streaming - plain).abs().max() > 1e-3  # the window does cut something off
+    gates = torch.full((layers, kv_heads), 0.5, requires_grad=True)
+    model(ids, gates=gates, window=WINDOW).logsumexp(-1).mean().backward()
+    assert gates.grad is not None and bool((gates.grad != 0).all())  # every KV head's gate gets a gradient
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_mixed_cache_inside_generate_matches_hf_at_s0_and_the_hard_gated_model_at_s_half(family):
+    model = _model(family)
+    prompt = torch.randint(3, 96, (3, 12), generator=torch.Generator().manual_seed(2))
+    new = 10
+    with torch.no_grad():
+        own = model.hf.generate(prompt, max_new_tokens=new, do_sample=False, min_new_tokens=new)
+        cache = model.mixed_cache(None, WINDOW, capacity=12 + new)
+        ours = model.hf.generate(prompt, max_new_tokens=new, do_sample=False, min_new_tokens=new, cache=cache)
+    assert torch.equal(ours, own)
+    full = torch.tensor([[True, False], [False, True]])
+    with torch.no_grad():
+        cache = model.mixed_cache(full, WINDOW, capacity=12 + new)
+        mixed = model.hf.generate(prompt, max_new_tokens=new, do_sample=False, min_new_tokens=new, cache=cache)
+    reference = decode_uncached(model, prompt, new, gates=full.float(), window=WINDOW)
+    assert torch.equal(mixed[:, 12:], reference)
+    assert torch.equal(decode(model, prompt, new, full_heads=full, window=WINDOW), reference)  # the probes' path
+    # what the cache holds: every position for the 2 full heads, sink + recent for the 2 others (fp32, k and v)
+    length, head_dim = cache.get_seq_length(), _head_dim(model)
+    assert length == 12 + new - 1  # the last token is sampled, never fed back
+    assert cache_nbytes(cache) == (2 * length + 2 * sum(WINDOW)) * 2 * 3 * head_dim * 4
+
+
+def test_decoding_a_thousand_tokens_allocates_no_cache_memory_and_holds_the_theorys_bytes():
+    model = _model("llama")
+    prompt = torch.randint(3, 96, (1, 16), generator=torch.Generator().manual_seed(3))
+    full = torch.tensor([[True, False], [False, False]])
+    steps = 1000
+    cache = model.mixed_cache(full, WINDOW, capacity=16 + steps)
+    head_dim = _head_dim(model)
+    with torch.no_grad():
+        token = model(prompt, cache=cache)[:, -1:].argmax(-1)
+        buffers = [(layer.kv.k_full, layer.kv.v_full, layer.kv.k_stream, layer.kv.v_stream) for layer in cache.layers]
+        pointers = [tuple(-1 if b is None else b.data_ptr() for b in group) for group in buffers]
+        for step in range(steps):
+            token = model(token, cache=cache)[:, -1:].argmax(-1)
+            if step in (0, 499, steps - 1):
+                length = 16 + step + 1
+                assert cache_nbytes(cache) == (length + 3 * sum(WINDOW)) * 2 * head_dim * 4
+    after = [tuple(-1 if b is None else b.data_ptr() for b in (layer.kv.k_full, layer.kv.v_full, layer.kv.k_stream,
+                                                                layer.kv.v_stream)) for layer in cache.layers]
+    assert after == pointers  # every step wrote in place into the buffers the prefill made
+
+
+def test_a_model_outside_the_attention_interface_and_a_wrong_pattern_shape_are_refused():
+    gpt_neo = HFCausalLM(config={"model_type": "gpt_neo", "hidden_size": 32, "num_layers": 2, "num_heads": 4,
+                                 "attention_types": [[["global"], 2]], "max_position_embeddings": 64}, vocab_size=50,
+                         attn_implementation="eager")
+    with pytest.raises(ValueError, match="GPTNeoForCausalLM does not route its attention through transformers' "
+                                         "AttentionInterface"):
+        gpt_neo.gate_shape  # noqa: B018
+    model = _model("llama")
+    with pytest.raises(ValueError, match=r"full_heads of shape \(3, 2\) do not fit LlamaForCausalLM: expected "
+                                         r"\(layers, kv_heads\) = \(2, 2\)"):
+        model.mixed_cache(torch.ones(3, 2, dtype=torch.bool), WINDOW)
+    with pytest.raises(ValueError, match=r"gates of shape \(2, 4\) do not fit"):
+        model(torch.zeros(1, 4, dtype=torch.long), gates=torch.ones(2, 4), window=WINDOW)
+
+
+def test_the_probes_run_on_an_hf_model_by_name_and_push_the_allocation_with_it(tmp_path, hub):
+    """`recipe=rlkv_probe` on a Llama folder (the pointer-chase task in its tokenizer's tokens), pushed: the repo is
+    transformers' own layout plus the allocation, in ours and in DuoAttention's / RLKV's layout."""
+    from transformers import AutoModelForCausalLM
+
+    from framework.probes.allocation import HeadAllocation
+
+    folder = save_model("llama", tmp_path / "llama")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FRAMEWORK_SMOKE": "1", "HF_ENDPOINT": hub.url, "HF_TOKEN": "dummy",
+           "HF_HOME": str(tmp_path / "hf_home")}
+    for module, repo in (("rlkv", "local-user/llama-rlkv"), ("duo_attention", None)):
+        run = tmp_path / module
+        args = ["recipe=rlkv_probe", f"module={module}", "model=hf_causal_lm", f"model.name_or_path={folder}",
+                f"hydra.run.dir={run}", *([f"hub.repo_id={repo}"] if repo else [])]
+        proc = warm_cli.run("framework.train", args, env, tmp_path, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        alloc = HeadAllocation.load(run)
+        assert alloc.shape == (2, 2) and alloc.method == module
+        assert HeadAllocation.load(run / "attn_pattern").gates == [[round(g, 18) for g in r] for r in alloc.gates]
+    files = set(hub.api.list_repo_files("local-user/llama-rlkv"))
+    assert {"config.json", "model.safetensors", "tokenizer.json", "head_allocation.json",
+            "attn_pattern/full_attention_heads.tsv", "attn_pattern/adapter_weights.tsv",
+            "attn_pattern/config.json"} <= files, files
+    assert json.loads((tmp_path / "rlkv" / "attn_pattern" / "config.json").read_text())["sink_size"] == 1
+    reloaded = AutoModelForCausalLM.from_pretrained("local-user/llama-rlkv")
+    assert HeadAllocation.from_pretrained("local-user/llama-rlkv").shape == (reloaded.config.num_hidden_layers,
+                                                                             reloaded.config.num_key_value_heads)
+    assert hf_config("llama", 10).num_key_value_heads == 2
