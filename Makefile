@@ -8,7 +8,7 @@ RUN_DIR ?= runs/demo
 # (700 steps), then fine-tuned 200 steps with and without the mask-agnostic TV term from the same checkpoint;
 # prints both side by side by the number of appended masks, the training-length boundary marked
 
-.PHONY: install demo test test-slow bench bench-quick lint clean
+.PHONY: install demo test test-slow bench bench-quick kvpress-env lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,13 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -q --durations=15
+
+KVPRESS_VENV ?= .venv-kvpress
+
+$(KVPRESS_VENV)/bin/python: tools/bench/kvpress_env.sh
+	tools/bench/kvpress_env.sh $(VENV) $(KVPRESS_VENV)
+
+kvpress-env: $(KVPRESS_VENV)/bin/python
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench/run_all.py

@@ -16,23 +16,23 @@ from support import warm_cli
 
 pytest.importorskip("transformers")
 
-SECTION = "## Your own Hugging Face model"
+SECTION, SERVING = "## Your own Hugging Face model", "## Serving with a mixed KV cache"
 
 
-def _blocks() -> list[tuple[str, str]]:
-    body = (REPO / "README.md").read_text().split(SECTION, 1)[1]
+def _blocks(section: str) -> list[tuple[str, str]]:
+    body = (REPO / "README.md").read_text().split(section, 1)[1]
     body = re.split(r"^## ", body, maxsplit=1, flags=re.M)[0]
     return re.findall(r"^```(\w*)\n(.*?)^```", body, flags=re.M | re.S)
 
 
-@pytest.mark.long
-def test_the_section_runs_as_printed(hub, tmp_path):
+def _run_section(section: str, hub, tmp_path) -> tuple[list[str], list[tuple[str, dict | str]]]:
+    """Every block of `section` in order: python blocks in a fresh process, `python -m MODULE` lines as printed (a
+    `framework.train` line at its recipe's smoke size). Returns the python blocks' stdout and (line, its
+    results.json or its stdout) per command line."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "FRAMEWORK_SMOKE": "1",
            "HF_ENDPOINT": hub.url, "HF_TOKEN": "dummy", "HF_HOME": str(tmp_path / "hf_home")}
-    blocks = _blocks()
-    assert [lang for lang, _ in blocks] == ["bash", "python", "bash", "python"]
-    printed = []
-    for i, (lang, code) in enumerate(blocks):
+    printed, ran = [], []
+    for i, (lang, code) in enumerate(_blocks(section)):
         cwd = tmp_path / f"block{i}"
         cwd.mkdir()
         if lang == "python":
@@ -43,20 +43,48 @@ def test_the_section_runs_as_printed(hub, tmp_path):
             continue
         for j, line in enumerate(code.strip().splitlines()):
             argv = shlex.split(line)
-            assert argv[:3] == ["python", "-m", "framework.train"], line
+            assert argv[:2] == ["python", "-m"], line
             (cwd / str(j)).mkdir()
-            proc = warm_cli.run("framework.train", argv[3:], env, cwd / str(j), timeout=300)
+            proc = warm_cli.run(argv[2], argv[3:], env, cwd / str(j), timeout=300)
             assert proc.returncode == 0, f"{line}\n{proc.stderr[-3000:]}"
+            if argv[2] != "framework.train":
+                ran.append((line, proc.stdout))
+                continue
             (results,) = [json.loads(p.read_text()) for p in (cwd / str(j)).glob("outputs/train/*/results.json")]
             if "hub.repo_id=" in line:
                 repo = line.split("hub.repo_id=")[1].split()[0]
                 assert results["hub"]["repo_id"] == repo
                 files = set(hub.api.list_repo_files(repo))
                 assert {"config.json", "model.safetensors", "framework.json", "README.md"} <= files, files
-            if "sampler=infobatch" in line:
-                assert results["metrics"]["selection/samples_seen"] > 0
+            ran.append((line, results))
+    return printed, ran
+
+
+@pytest.mark.long
+def test_the_section_runs_as_printed(hub, tmp_path):
+    assert [lang for lang, _ in _blocks(SECTION)] == ["bash", "python", "bash", "python"]
+    printed, ran = _run_section(SECTION, hub, tmp_path)
+    for line, results in ran:
+        if "sampler=infobatch" in line:
+            assert results["metrics"]["selection/samples_seen"] > 0
     tokens = json.loads(printed[0].replace("(", "[").replace(")", "]"))
     assert len(tokens) == 8 and all(0 <= t < 256 for t in tokens)  # greedy bytes from transformers' own generate
     scores = eval(printed[1], {})  # noqa: S307 - the block's own printed dict of floats
     assert set(scores) >= {"precision", "recall", "density", "coverage"}
     assert all(0.0 <= scores[k] <= 1.0 for k in ("precision", "recall", "coverage"))
+
+
+@pytest.mark.long
+def test_the_serving_section_runs_as_printed(hub, tmp_path):
+    """The probe's allocation travels with the model, in both layouts; the CLI and transformers' generate() decode
+    with it, and hold fewer bytes than the full cache."""
+    assert [lang for lang, _ in _blocks(SERVING)] == ["bash", "python"]
+    printed, ran = _run_section(SERVING, hub, tmp_path)
+    files = set(hub.api.list_repo_files("local-user/chase-llama-rlkv"))
+    assert {"head_allocation.json", "attn_pattern/full_attention_heads.tsv", "attn_pattern/config.json"} <= files
+    line, out = ran[-1]
+    held, full = re.search(r"kv cache: ([\d,]+) bytes held for \d+ positions, the full cache ([\d,]+)", out).groups()
+    assert int(held.replace(",", "")) < int(full.replace(",", ""))
+    cli_tokens = json.loads(re.search(r"tokens: (\[.*\])", out).group(1))
+    tokens, nbytes = printed[0].rsplit(" ", 1)
+    assert json.loads(tokens) == cli_tokens and int(nbytes) == int(held.replace(",", ""))

@@ -1,0 +1,107 @@
+"""`python -m framework.kv_generate MODEL --sparsity S --prompt TEXT`: greedy decoding of a transformers causal LM with
+RLKV's mixed KV cache, inside transformers' own `generate()`.
+
+MODEL is a Hub id or a folder of a transformers causal LM (what `framework.train` pushes for `model=hf_causal_lm`, or
+any Llama / Qwen / Mistral / Mixtral checkpoint). The allocation comes from `--pattern` (a probe run dir, a
+`head_allocation.json`, a DuoAttention or RLKV pattern folder, or a Hub repo holding `head_allocation.json`), by
+default from MODEL's own repo (a probe run pushed with its model). At sparsity s the allocation's top (1 − s) of the
+KV heads keep every position; the others keep the window: `--window SINK RECENT`, else the allocation's. The prompt
+is `--prompt TEXT` (through the model's tokenizer) or `--ids "3 17 ..."` (token ids, for a model without one).
+Prints the new tokens (and their text), and the bytes the cache holds beside the full cache's.
+
+    python -m framework.kv_generate local-user/chase-llama-rlkv --sparsity 0.5 --ids "2 7 21 9 30 ..." -n 9
+
+Exit codes: 0 done; 2 refused input (an allocation of another shape than the model's layers × KV heads, a sparsity
+outside [0, 1], a window not shorter than the context, a model outside transformers' attention interface, an
+unknown model or pattern); 1 the Hub failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from framework.errors import run_cli
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m framework.kv_generate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="Hub id or folder of a transformers causal LM")
+    parser.add_argument("--pattern", default=None, help="the head allocation (default: the model's own repo)")
+    parser.add_argument("--sparsity", type=float, default=None, help="fraction of KV heads compressed "
+                        "(default: the allocation's)")
+    parser.add_argument("--window", type=int, nargs=2, metavar=("SINK", "RECENT"), default=None)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--prompt", help="text, through the model's tokenizer")
+    what.add_argument("--ids", help="space-separated token ids")
+    parser.add_argument("-n", "--max-new-tokens", type=int, default=32)
+    parser.add_argument("--revision", default=None)
+    return parser.parse_args(argv)
+
+
+def check_window(window: tuple[int, int], context: int) -> None:
+    """ValueError unless sink + recent is shorter than the `context` (prompt + new tokens)."""
+    sink, recent = window
+    if sink + recent >= context:
+        raise ValueError(f"window sink={sink} + recent={recent} = {sink + recent} is not shorter than the context of "
+                         f"{context} tokens (prompt + new tokens): the compressed heads would keep every position; "
+                         "give a shorter --window or a longer context")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from framework.models.hf import HFCausalLM
+    from framework.models.hf_attention import cache_nbytes
+    from framework.probes.allocation import HeadAllocation
+
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens={args.max_new_tokens} must be >= 1")
+    model = HFCausalLM(name_or_path=args.model, revision=args.revision, attn_implementation=None).eval()
+    model.gate_shape  # noqa: B018 - refuses a model outside the attention interface, by name
+    alloc = HeadAllocation.from_pretrained(args.pattern or args.model, None if args.pattern else args.revision)
+    alloc.check_model(model)
+    sparsity = alloc.sparsity if args.sparsity is None else args.sparsity
+    full = alloc.full_heads(sparsity)  # ValueError outside [0, 1]
+    window = tuple(args.window) if args.window else alloc.window
+    tokenizer = model.tokenizer_for(name_or_path=args.model, revision=args.revision)
+    if args.prompt is not None:
+        if tokenizer is None:
+            raise ValueError(f"{args.model} has no tokenizer: give the prompt as token ids (--ids \"3 17 ...\")")
+        ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
+    else:
+        try:
+            ids = [int(x) for x in args.ids.split()]
+        except ValueError:
+            raise ValueError(f"--ids {args.ids!r} must be space-separated integers") from None
+    if not ids or max(ids) >= model.vocab_size or min(ids) < 0:
+        raise ValueError(f"the prompt's token ids {ids[:8]}... must be non-empty and lie in 0..{model.vocab_size - 1}")
+    context = len(ids) + args.max_new_tokens
+    check_window(window, context)
+    prompt = torch.tensor([ids])
+    cache = model.mixed_cache(full, window, capacity=context)
+    with torch.no_grad():
+        out = model.hf.generate(prompt, max_new_tokens=args.max_new_tokens, do_sample=False, cache=cache,
+                                pad_token_id=model.hf.config.eos_token_id)
+    new = out[0, len(ids):].tolist()
+    held = cache_nbytes(cache)
+    layers, kv_heads = full.shape
+    first = next(x for x in (cache.layers[0].kv.k_full, cache.layers[0].kv.k_stream) if x is not None)
+    full_bytes = cache.get_seq_length() * layers * kv_heads * 2 * first.shape[-1] * first.element_size()
+    print(f"tokens: {new}")
+    if tokenizer is not None:
+        print(f"text: {tokenizer.decode(new)!r}")
+    print(f"kv cache: {held:,} bytes held for {cache.get_seq_length()} positions, the full cache {full_bytes:,} "
+          f"({held / full_bytes:.3f} of it); {int(full.sum())} of {full.numel()} KV heads full at s={sparsity:g}, "
+          f"window {window}")
+    return {"tokens": new, "bytes": held, "full_bytes": full_bytes}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    return run_cli(lambda: run(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,56 @@
+"""`python -m framework.kv_generate` refuses bad input with one `error:` line and exit 2, naming the value: an
+allocation of another shape than the model's layers × KV heads, a sparsity outside [0, 1], a window not shorter than
+the context, a model outside transformers' attention interface. (The README's serving section runs it for real.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_models import save_model
+
+pytest.importorskip("transformers")
+
+from framework.kv_generate import main  # noqa: E402
+from framework.probes.allocation import HeadAllocation  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kv_generate")
+    folder = save_model("llama", root / "llama")
+    HeadAllocation.from_gates(torch.tensor([[0.9, 0.1], [0.2, 0.8]]), 1, 4, sparsity=0.5).save(root / "fits")
+    HeadAllocation.from_gates(torch.rand(3, 2), 1, 4).save(root / "three_layers")
+    return folder, root
+
+
+def _refused(argv: list[str], capsys) -> str:
+    code = main(argv)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 1 and err[0].startswith("error:"), (code, err)
+    return err[0]
+
+
+def test_it_decodes_and_reports_the_bytes_held(llama, capsys):
+    folder, root = llama
+    assert main([str(folder), "--pattern", str(root / "fits"), "--ids", "5 6 7 8 9 10 11 12", "-n", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 4 KV heads full at s=0.5, window (1, 4)" in out and out.startswith("tokens: [")
+
+
+def test_bad_input_is_one_error_line_exit_2(llama, capsys, tmp_path):
+    folder, root = llama
+    ids = ["--ids", "5 6 7 8 9 10 11 12", "-n", "6"]
+    err = _refused([str(folder), "--pattern", str(root / "three_layers"), *ids], capsys)
+    assert "layers × kv_heads = (3, 2), the model has (2, 2)" in err
+    err = _refused([str(folder), "--pattern", str(root / "fits"), "--sparsity", "1.5", *ids], capsys)
+    assert "sparsity=1.5 must lie in [0, 1]" in err
+    err = _refused([str(folder), "--pattern", str(root / "fits"), "--window", "4", "16", *ids], capsys)
+    assert "window sink=4 + recent=16 = 20 is not shorter than the context of 14 tokens" in err
+    neo = tmp_path / "neo"
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("gpt_neo", hidden_size=32, num_layers=2, num_heads=4, vocab_size=64,
+                                  attention_types=[[["global"], 2]], max_position_embeddings=64)
+    AutoModelForCausalLM.from_config(config, attn_implementation="eager").save_pretrained(neo)
+    err = _refused([str(neo), "--pattern", str(root / "fits"), *ids], capsys)
+    assert "GPTNeoForCausalLM does not route its attention through transformers' AttentionInterface" in err
