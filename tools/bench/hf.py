@@ -211,6 +211,11 @@ def fine_tuning(quick: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import logging
+    import warnings
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)  # the tables only: no trainer banners
+    warnings.filterwarnings("ignore")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=5)
