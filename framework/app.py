@@ -86,13 +86,19 @@ def seed_everything(seed: int, threads: int | None = None) -> None:
         torch.set_num_threads(int(threads))
 
 
+_TRAIN_STORED = False
+
+
 def register_app(conf_folders: list[Path] | None = None) -> None:
     """Fill the catalog and hand every config (groups, recipes, the primary `train`, conf/'s YAML: Hydra settings,
     sizes, presets, YAML recipes; then that of `conf_folders`, the command line's `hydra.searchpath`) to Hydra."""
     from framework.recipe import CONF_DIR, load_conf
 
+    global _TRAIN_STORED
     load_catalog()
-    ZEN_STORE(TrainConfig, name="train")
+    if not _TRAIN_STORED:  # once per process: a second call only adds its conf folders
+        ZEN_STORE(TrainConfig, name="train")
+        _TRAIN_STORED = True
     load_conf(CONF_DIR)
     for folder in conf_folders or []:
         load_conf(folder, store=False)  # Hydra reads these itself; the catalog learns their recipe names

@@ -306,20 +306,6 @@ class LanguageModel(nn.Module):
             cache.advance(t)
         return self.norm(x)
 
-    @property
-    def gate_shape(self) -> tuple[int, int]:
-        """(depth, kv_heads): the shape of RLKV's per-KV-head gates and of a head allocation for this model."""
-        if not all(block.attn.causal for block in self.blocks):
-            raise ValueError(f"{type(self).__name__} has causal=False: gates and KV caches need a causal LM")
-        return len(self.blocks), self.blocks[0].attn.kv_heads
-
-    def mixed_cache(self, full_heads: Tensor | None = None, window: tuple[int, int] = (1, 4),
-                    capacity: int | None = None, prefill: str = "streaming") -> Any:
-        """A `framework.probes.kv_cache.MixedKVCache` for this model (`model(tokens, cache=cache)`)."""
-        from framework.probes.kv_cache import MixedKVCache
-
-        return MixedKVCache(self, full_heads, window, capacity, prefill)
-
     def forward(
         self,
         idx: Tensor,

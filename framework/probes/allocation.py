@@ -45,8 +45,13 @@ def full_head_count(n_heads: int, sparsity: float) -> int:
 
 
 def gate_shape(model: Any) -> tuple[int, int]:
-    """(layers, kv_heads) of a model that takes per-KV-head gates and a mixed cache (its `gate_shape`); ValueError
-    naming the model otherwise."""
+    """(layers, kv_heads) of a causal LM that takes per-KV-head gates and a mixed cache: the framework's own (its
+    `blocks`) or one that states its `gate_shape` (`hf_causal_lm`); ValueError naming the model otherwise."""
+    blocks = getattr(model, "blocks", None)
+    if blocks is not None and all(hasattr(b, "attn") for b in blocks):
+        if not all(b.attn.causal for b in blocks):
+            raise ValueError(f"{type(model).__name__} has causal=False: gates and KV caches need a causal LM")
+        return len(blocks), int(blocks[0].attn.kv_heads)
     try:
         shape = model.gate_shape
     except AttributeError:

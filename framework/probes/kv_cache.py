@@ -265,8 +265,9 @@ def decode(model: nn.Module, prompt: Tensor, max_new_tokens: int, full_heads: Te
     Greedy when `temperature <= 0`. Stops early once every row has emitted `eos_id`; later tokens are `pad_id`.
     Pass your own `cache` to inspect it afterwards (its `full_heads`/window then apply).
     """
-    if cache is None:  # the model's own kind of mixed cache (a TransformerLM's, or a transformers `Cache`)
-        cache = model.mixed_cache(full_heads, window, capacity=prompt.shape[1] + max_new_tokens, prefill=prefill)
+    if cache is None:  # a transformers model brings its own kind (`HFCausalLM.mixed_cache`: a transformers Cache)
+        make = getattr(model, "mixed_cache", None) or (lambda *a, **k: MixedKVCache(model, *a, **k))
+        cache = make(full_heads, window, capacity=prompt.shape[1] + max_new_tokens, prefill=prefill)
     logits = model(prompt, cache=cache)[:, -1]
     out, done = [], torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
     for step in range(max_new_tokens):

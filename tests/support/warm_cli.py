@@ -3,7 +3,8 @@
 Most of a smoke-size CLI run is its import (about 7 of 9 s on 2 cores). A server process imports the module once, the
 way the real command does (same interpreter, same environment), then forks one child per run: the child sets argv,
 environment, working directory and its own stdout/stderr, runs the module as `__main__` and exits with its code. It is
-a real process (its own pid, exit code, signals, SIGKILL), only its imports were done before the fork.
+a real process (its own pid, exit code, signals, SIGKILL), only its imports (and, for `framework.train`, the
+app's registration, `register_app()`, which every run does first and which is idempotent) were done before the fork.
 
 Where a fresh interpreter matters, the tests get one: `popen` falls back to `subprocess.Popen` for another module, for
 an environment that differs from the server's in a variable that may be read at import, or for a working directory
@@ -48,6 +49,9 @@ sys.modules.pop(module)           # the child runs as `__main__` as `-m` does (r
 parent, _, leaf = module.rpartition(".")
 if parent and hasattr(sys.modules[parent], leaf):
     delattr(sys.modules[parent], leaf)
+if module == "framework.train":  # the catalog and the app's conf, which every run registers first (idempotent)
+    from framework.app import register_app
+    register_app()
 import atexit, io, runpy, threading, traceback
 sys.stdout.flush(); sys.stderr.flush()
 base_path = list(sys.path[1:])  # [0] is '' for -c; `-m` puts the working directory there
