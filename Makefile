@@ -34,7 +34,7 @@ $(KVPRESS_VENV)/bin/python: tools/bench/kvpress_env.sh
 
 kvpress-env: $(KVPRESS_VENV)/bin/python
 
-bench: $(STAMP)
+bench: $(STAMP) $(KVPRESS_VENV)/bin/python
 	$(BIN)/python tools/bench/run_all.py
 
 bench-quick: $(STAMP)

@@ -1,0 +1,122 @@
+"""The mixed KV cache on a transformers model, side by side with kvpress and HF's own cache, in one run (issue 36).
+
+A Llama-shaped transformers model (hidden 512, 8 layers, 8 query / 4 KV heads, fp32; random weights: speed and bytes
+do not depend on them) decodes greedily after a prompt of 4k and 16k tokens, batch 1 and 4, with a KV-head
+allocation at s = 0.5 and 0.75 (DuoAttention's window: 64 sink + 256 recent tokens), each in a fresh process
+(`_kv_hf_worker.py`) on `--threads` threads:
+
+* ours: `framework.models.hf_attention.mixed_kv_cache` inside the model's forward (the prompt prefilled in full, as
+  kvpress does, then the compressed heads truncated to the window);
+* kvpress 0.5.5's `DuoAttentionPress`, handed the same heads as its pattern, in its own environment
+  (`make kvpress-env`: it pins an older transformers), fed the same saved weights;
+* the bound: HF's own `DynamicCache` holding only as many positions as ours holds on average, (1 − s)·L + s·W;
+* HF's full cache.
+
+Per row: decode tokens/s of the timed loop (`--steps` one-token steps after the prompt), the KV bytes each cache
+holds at the end beside the theory, and each process's peak RSS. Goals (issue 36): our KV bytes = theory, kvpress's
+= the full cache's; ours ≥ 1.5× kvpress's tokens/s at 16k, s = 0.5; ours ≥ 0.9× the bound.
+
+    python tools/bench/kv_cache_hf.py [--quick] [--threads 1] [--steps 64] [--kvpress .venv-kvpress/bin/python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from framework.probes.allocation import select_full_heads  # noqa: E402
+
+WORKER = Path(__file__).with_name("_kv_hf_worker.py")
+SIZES = {"full": dict(hidden=512, layers=8, heads=8, kv_heads=4, contexts=(4096, 16384), window=(64, 256)),
+         "quick": dict(hidden=64, layers=2, heads=4, kv_heads=2, contexts=(256, 1024), window=(4, 16))}
+
+
+def build_model(folder: Path, size: dict, seed: int = 0) -> None:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.manual_seed(seed)
+    config = LlamaConfig(hidden_size=size["hidden"], intermediate_size=4 * size["hidden"],
+                         num_hidden_layers=size["layers"], num_attention_heads=size["heads"],
+                         num_key_value_heads=size["kv_heads"], vocab_size=1024,
+                         max_position_embeddings=2 * max(size["contexts"]))
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+
+
+def measure(python: str, mode: str, folder: Path, spec: dict, tmp: Path) -> dict:
+    path = tmp / f"spec_{mode}.json"
+    path.write_text(json.dumps(spec))
+    proc = subprocess.run([python, str(WORKER), mode, str(folder), str(path)], capture_output=True, text=True,
+                          cwd=REPO, timeout=3600)
+    if proc.returncode:
+        raise RuntimeError(f"{mode} failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def theory_bytes(full: torch.Tensor, length: int, window: tuple[int, int], batch: int, head_dim: int) -> int:
+    held = full.sum().item() * length + (~full).sum().item() * min(length, sum(window))
+    return int(held * 2 * batch * head_dim * 4)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--kvpress", default=str(REPO / ".venv-kvpress" / "bin" / "python"),
+                        help="the python of kvpress's environment (make kvpress-env)")
+    args = parser.parse_args(argv)
+    if not Path(args.kvpress).is_file():
+        print(f"error: no kvpress environment at {args.kvpress}: build it with `make kvpress-env`", file=sys.stderr)
+        return 2
+    size = SIZES["quick" if args.quick else "full"]
+    steps = 8 if args.quick else args.steps
+    head_dim = size["hidden"] // size["heads"]
+    gates = torch.rand(size["layers"], size["kv_heads"], generator=torch.Generator().manual_seed(0))
+    print(f"Llama (hidden {size['hidden']}, {size['layers']} layers, {size['heads']}/{size['kv_heads']} heads, fp32),"
+          f" window {size['window']}, {steps} decode steps, {args.threads} thread(s)\n")
+    print("| context | batch | s | ours tok/s | kvpress tok/s | ours / kvpress | bound tok/s | ours / bound "
+          "| ours KV MiB | theory MiB | kvpress KV MiB | full KV MiB | peak RSS MiB ours / kvpress / full |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        folder = tmp / "model"
+        build_model(folder, size)
+        for context in size["contexts"]:
+            for batch in (1, 4):
+                base = {"context": context, "batch": batch, "steps": steps, "threads": args.threads, "seed": 0,
+                        "sink": size["window"][0], "recent": size["window"][1]}
+                everything = torch.ones_like(gates, dtype=torch.bool)
+                full_run = measure(sys.executable, "hf_full", folder,
+                                   {**base, "full": everything.tolist(), "bound_context": context}, tmp)
+                for s in (0.5, 0.75):
+                    full = select_full_heads(gates, s)
+                    length = context - 1 + steps
+                    bound = round((1 - s) * length + s * sum(size["window"])) - steps + 1
+                    spec = {**base, "full": full.tolist(), "bound_context": bound}
+                    ours = measure(sys.executable, "ours", folder, spec, tmp)
+                    press = measure(args.kvpress, "kvpress", folder, spec, tmp)
+                    bound_run = measure(sys.executable, "hf_bound", folder, spec, tmp)
+                    mib = 2 ** 20
+                    theory = theory_bytes(full, length, size["window"], batch, head_dim)
+                    print(f"| {context} | {batch} | {s:g} | {ours['tokens_per_s']:.1f} | {press['tokens_per_s']:.1f} | "
+                          f"{ours['tokens_per_s'] / press['tokens_per_s']:.2f} | {bound_run['tokens_per_s']:.1f} | "
+                          f"{ours['tokens_per_s'] / bound_run['tokens_per_s']:.2f} | {ours['kv_bytes'] / mib:.2f} | "
+                          f"{theory / mib:.2f} | {press['kv_bytes'] / mib:.2f} | {full_run['kv_bytes'] / mib:.2f} | "
+                          f"{ours['peak_rss_mib']:.0f} / {press['peak_rss_mib']:.0f} / "
+                          f"{full_run['peak_rss_mib']:.0f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
