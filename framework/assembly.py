@@ -35,7 +35,7 @@ def assemble(
     refuses it (ValueError naming the modules that take one, and the group's choice from `choices` if given)."""
     if getattr(data, "seed", 0) is None:
         data.seed = seed
-    hand_tokenizer(model, data, (choices or {}).get("data"))
+    hand_tokenizer(model, data)
     spec = DataSpec.of(data)
     extra = {MODULE_ARGS[group]: _handed_to(module, group, part, (choices or {}).get(group))
              for group, part in (("loss", loss), ("metric", metric)) if part is not None}
@@ -50,7 +50,7 @@ def assemble(
     return lm, callbacks
 
 
-def hand_tokenizer(model: Any, data: Any, data_choice: str | None = None) -> Any:
+def hand_tokenizer(model: Any, data: Any) -> Any:
     """A model that brings its own tokenizer (a Hugging Face model loaded by name) gives it to the data, so text is
     tokenized its way; data that cannot take one (a task with its own symbol ids) keeps its ids, which must fit
     the model's vocabulary. Returns the tokenizer (None without one)."""

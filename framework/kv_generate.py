@@ -42,7 +42,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def check_window(window: tuple[int, int], context: int) -> None:
+def check_context(window: tuple[int, int], context: int) -> None:
     """ValueError unless sink + recent is shorter than the `context` (prompt + new tokens)."""
     sink, recent = window
     if sink + recent >= context:
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not ids or max(ids) >= model.vocab_size or min(ids) < 0:
         raise ValueError(f"the prompt's token ids {ids[:8]}... must be non-empty and lie in 0..{model.vocab_size - 1}")
     context = len(ids) + args.max_new_tokens
-    check_window(window, context)
+    check_context(window, context)
     prompt = torch.tensor([ids])
     cache = model.mixed_cache(full, window, capacity=context)
     with torch.no_grad():

@@ -16,6 +16,7 @@ never loads it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -239,10 +240,13 @@ class HFCausalLM(HFLanguageModel):
              window: tuple[int, int] | None, cache: Any) -> Any:
         kwargs: dict[str, Any] = {"use_cache": cache is not None}
         if gates is not None or cache is not None:
-            from framework.models.hf_attention import use_rlkv_attention
+            from framework.models.hf_attention import NAME, use_rlkv_attention
 
-            shape = self.gate_shape
-            use_rlkv_attention(self.hf)
+            shape = self.__dict__.get("_gate_shape")  # once per model: a decode loop calls this every token
+            if shape is None:
+                shape = self.__dict__["_gate_shape"] = self.gate_shape
+            if self.hf.config._attn_implementation != NAME:
+                use_rlkv_attention(self.hf)
             if gates is not None:
                 if tuple(gates.shape) != shape:
                     raise ValueError(f"gates of shape {tuple(gates.shape)} do not fit: expected (layers, kv_heads) = "
@@ -258,9 +262,14 @@ class HFCausalLM(HFLanguageModel):
 
 def cache_argument(model: nn.Module) -> str:
     """The name under which `model.forward` takes a KV cache: `cache` (transformers ≥ 5.x) or `past_key_values`."""
+    return _cache_argument(type(model))
+
+
+@functools.cache
+def _cache_argument(cls: type) -> str:
     import inspect
 
-    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 class HFMaskedLM(HFLanguageModel):

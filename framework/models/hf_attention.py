@@ -158,10 +158,8 @@ def mixed_kv_cache(model: nn.Module, full_heads: Tensor | None, window: tuple[in
                          f"(layers, kv_heads) = ({layers}, {kv_heads})")
     use_rlkv_attention(model)
     layer_class = _cache_layer_class()
-    cache = Cache(layers=[layer_class(full_heads[i].bool().cpu(), heads, sink, recent, capacity, prefill)
-                          for i in range(layers)])
-    cache.full_heads, cache.window = full_heads.bool().cpu(), (sink, recent)
-    return cache
+    return Cache(layers=[layer_class(full_heads[i].bool().cpu(), heads, sink, recent, capacity, prefill)
+                         for i in range(layers)])
 
 
 def cache_nbytes(cache: Any) -> int:
