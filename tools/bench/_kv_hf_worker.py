@@ -5,7 +5,8 @@ for `ours`: kvpress's environment holds an older transformers.
     python tools/bench/_kv_hf_worker.py MODE MODEL_DIR SPEC_JSON
 
 SPEC_JSON: {"context", "batch", "steps", "threads", "full": [[bool]] (layers x KV heads), "sink", "recent",
-"bound_context", "seed", "prompts": optional [[ids]] to decode greedily instead of random ones}. Prints one JSON line:
+"bound_context", "seed", "prompts": optional [[ids]] to decode greedily instead of random ones, "prefill": ours'
+prefill policy, default "full"}. Prints one JSON line:
 decode tokens/s (the timed loop only: `steps` one-token steps after the prompt), the KV bytes the cache holds at the
 end, the process's peak RSS, and the generated tokens.
 """
@@ -51,7 +52,8 @@ def main() -> None:
             from framework.models.hf import cache_argument
             from framework.models.hf_attention import cache_nbytes, mixed_kv_cache
 
-            cache = mixed_kv_cache(model, full, window, capacity=prompt.shape[1] + steps, prefill="full")
+            cache = mixed_kv_cache(model, full, window, capacity=prompt.shape[1] + steps,
+                                   prefill=spec.get("prefill", "full"))
             key = cache_argument(model)
             model(input_ids=prompt[:, :-1], **{key: cache}, use_cache=True)
 
