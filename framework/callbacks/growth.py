@@ -5,10 +5,12 @@ optimizer through the module's own `configure_optimizers` (any optimizer, OLion 
 or duplicated onto the copies, continues the LR schedule from the global step, and records the grown
 architecture in every later checkpoint, so resuming from one rebuilds the grown model before the weights load.
 Works in any Lightning project whose module has `.model` (`model_attr`) with a layer `nn.ModuleList`
-(`layers_attr`) and duck-typed MoE layers (`router`, `experts`, `num_experts`, `top_k`). The loss it measures
-before and after growing is `loss_fn`: a function `(module, batch) -> loss`, or the name of a module method
-taking a batch (default `"loss"`; a module without it is grown but not measured). Copies of the model that the
-module keeps (an EMA: `copy_attrs`, default `ema`) are grown by the same event, so they keep matching the model.
+(`layers_attr`) and duck-typed MoE layers (`router`, `experts`, `num_experts`, `top_k`), or whose model is a
+transformers MoE (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE: `framework.grow.hf`), alone or in `hf_causal_lm`. The
+loss it measures before and after growing is `loss_fn`: a function `(module, batch) -> loss`, or the name of a
+module method taking a batch (default `"loss"`; a module without it is grown but not measured). Copies of the
+model that the module keeps (an EMA: `copy_attrs`, default `ema`) are grown by the same event, so they keep
+matching the model.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 
 from framework.callbacks.growth_events import apply_event, check_copies, expand_schedule, model_copies, replay_on_copy
+from framework.grow.hf import block_counts, check_moe, moe_blocks, transformers_model
 from framework.grow.ops import (
     DEFAULT_ZERO_PATTERNS,
     Growth,
     count_params,
     find_moe_layers,
+    layer_list,
     norm_profile,
     transfer_optimizer_state,
 )
@@ -106,6 +110,10 @@ class OrthogonalGrowth(L.Callback):
     def model_of(self, pl_module: L.LightningModule) -> nn.Module:
         """The grown module: `pl_module.<model_attr>` (or the LightningModule itself when model_attr is '')."""
         model = getattr(pl_module, self.model_attr) if self.model_attr else pl_module
+        hf = transformers_model(model)
+        if hf is not None:  # a transformers MoE: its decoder layers, whatever layers_attr says
+            check_moe(hf)
+            return model
         layers = getattr(model, self.layers_attr, None)
         if not isinstance(layers, nn.ModuleList):
             raise ValueError(f"OrthogonalGrowth needs {self.model_attr or 'the module'}.{self.layers_attr} to be an"
@@ -225,7 +233,7 @@ class OrthogonalGrowth(L.Callback):
     # -- growing -----------------------------------------------------------------------------------------------
     def _grow(self, trainer: L.Trainer, pl_module: L.LightningModule, event: dict[str, Any], batch: Any) -> None:
         model = self.model_of(pl_module)
-        layers = lambda: getattr(model, self.layers_attr)  # noqa: E731 (the list is replaced by depth growth)
+        layers = lambda: layer_list(model, self.layers_attr)  # noqa: E731 (depth growth replaces the list)
         before = self._measure(trainer, pl_module, batch)
         profile_before = self._profile(layers())
         counts_before, layers_before = count_params(model), len(layers())
@@ -239,9 +247,11 @@ class OrthogonalGrowth(L.Callback):
                     "active_after": counts_after["active"]}
         measured.update({f"{k}_before": v for k, v in before.items()})
         measured.update({f"{k}_after": v for k, v in after.items()})
-        moes = find_moe_layers(model)
+        moes, blocks = find_moe_layers(model), moe_blocks(model)
         if moes:
             measured.update(num_experts=moes[0].num_experts, top_k=moes[0].top_k)
+        elif blocks:
+            measured.update(zip(("num_experts", "top_k"), block_counts(blocks[0]), strict=True))
         record = {**event, "global_step": trainer.global_step, "epoch": trainer.current_epoch,
                   "measured": {k: v for k, v in measured.items() if v is not None},
                   "norm_profile_before": profile_before, "norm_profile_after": self._profile(layers())}

@@ -1,10 +1,13 @@
 """`python -m framework.grow SOURCE --depth 2 --width 2 --out DIR`: grow a trained checkpoint offline.
 
-SOURCE is a `framework.train` run dir, a Lightning `.ckpt` inside one, an earlier `--out` dir, or a Hub repo id.
-DIR receives `model.safetensors` + `config.json` (the Hub layout, with the grown constructor values) and
-`model_config.json` + `checkpoints/last.ckpt` (the run-dir layout), so it can be pushed with
-`python -m framework.hub push DIR REPO`, loaded back with `from_pretrained(REPO)`, used as `init_from=DIR`, or
-grown again. `growth.json` records what was done (parameter counts, norm profiles before and after).
+SOURCE is a `framework.train` run dir, a Lightning `.ckpt` inside one, an earlier `--out` dir, a Hub repo id, or a
+folder in transformers' layout (`save_pretrained`'s). DIR receives `model.safetensors` + `config.json` (the Hub
+layout, with the grown constructor values) and `model_config.json` + `checkpoints/last.ckpt` (the run-dir
+layout), so it can be pushed with `python -m framework.hub push DIR REPO`, loaded back with `from_pretrained(REPO)`,
+used as `init_from=DIR`, or grown again. `growth.json` records what was done (parameter counts, norm profiles
+before and after). A transformers MoE (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE, ...) grows in its own layout and DIR
+is transformers' (`save_pretrained`: `AutoModelForCausalLM.from_pretrained(DIR)` opens it, its tokenizer beside it),
+with `framework.json` and the run-dir layout added.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import torch
 from torch import nn
 
 from framework.errors import run_cli
-from framework.grow.ops import DEPTH_METHODS, count_params, grow, norm_profile
+from framework.grow.hf import check_moe, transformers_model
+from framework.grow.ops import DEPTH_METHODS, count_params, grow, layer_list, norm_profile
 from framework.rundir import GROWTH_KEY, LAST_CHECKPOINT, SPEC_NAME, Build, RunDir, resolve_source
 
 
@@ -31,6 +35,12 @@ def load_growable(source: str, revision: str | None = None, build: Build | None 
     from framework.hub import load_model, registered_model, validate_config
 
     resolved = resolve_source(source)
+    folder = Path(resolved.value)
+    if resolved.is_local and folder.is_dir() and not (folder / SPEC_NAME).is_file() and _is_transformers(folder):
+        from framework.models.hf import HFCausalLM
+
+        model = HFCausalLM(name_or_path=str(folder))
+        return model, {"name": "hf_causal_lm", "config": dict(model.init_config)}
     if resolved.is_local:
         run = RunDir(resolved.value)
         if not run.checkpoint.is_file():
@@ -41,18 +51,30 @@ def load_growable(source: str, revision: str | None = None, build: Build | None 
     return loaded.model, {"name": loaded.config["name"], "config": dict(loaded.config["config"])}
 
 
+def _is_transformers(folder: Path) -> bool:
+    try:
+        return "model_type" in json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+
+
 def save_grown(model: nn.Module, spec: dict[str, Any], out: Path, record: dict[str, Any]) -> Path:
     """Write `model` to `out` in both the Hub layout and the run-dir layout (see the module docstring)."""
     from safetensors.torch import save_model
 
     from framework import __version__
     from framework.hub import validate_config
+    from framework.hub.formats import FRAMEWORK_CONFIG_NAME
 
     config = validate_config({"name": spec["name"], "config": dict(model.init_config),
                               "framework_version": __version__})
     out.mkdir(parents=True, exist_ok=True)
-    save_model(model, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if hasattr(model, "save_pretrained"):  # a transformers model: its own layout, and ours beside it
+        model.save_pretrained(out)
+        (out / FRAMEWORK_CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+    else:
+        save_model(model, str(out / "model.safetensors"), metadata={"format": "pt"})
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / SPEC_NAME).write_text(json.dumps({"name": spec["name"], "config": config["config"]}, indent=2) + "\n")
     (out / LAST_CHECKPOINT).parent.mkdir(exist_ok=True)
     state = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
@@ -81,7 +103,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _grow(args: argparse.Namespace) -> None:
     """Load, grow, save and report what `main` parsed."""
+    if args.out.exists() and any(args.out.iterdir()):
+        raise FileExistsError(f"--out {args.out} is not empty: give a new folder (nothing there is overwritten)")
     model, spec = load_growable(args.source, args.revision)
+    hf = transformers_model(model)
+    if hf is not None:
+        check_moe(hf)  # a dense model is refused before anything is grown or written
     before, profile_before = count_params(model), _profile(model)
     grow(model, depth_factor=args.depth, depth_method=args.method, ignore_first=args.ignore_first,
          ignore_last=args.ignore_last, zero_init_copies=args.zero_init, width_factor=args.width,
@@ -98,6 +125,6 @@ def _grow(args: argparse.Namespace) -> None:
 
 def _profile(model: nn.Module) -> list[float] | None:
     try:
-        return norm_profile(getattr(model, "blocks", []))
+        return norm_profile(layer_list(model))
     except ValueError:
         return None

@@ -55,6 +55,9 @@ def depth_sources(n: int, factor: int = 2, method: str = "interposition", ignore
         raise ValueError(f"ignore_first={ignore_first}, ignore_last={ignore_last} must be >= 0 and sum to at most"
                          f" the number of layers ({n})")
     lo, hi = ignore_first, n - ignore_last
+    if factor > 1 and lo >= hi:
+        raise ValueError(f"depth_factor={factor} with ignore_first={ignore_first} and ignore_last={ignore_last} leaves"
+                         f" no middle layer of the {n} to copy: keep ignore_first + ignore_last below {n}")
     if method == "interposition":
         return [i for i in range(n) for _ in range(factor if lo <= i < hi else 1)]
     out: list[int] = []
@@ -173,8 +176,16 @@ def grow(model: nn.Module, *, depth_factor: int = 1, depth_method: str = "interp
     """Grow `model` in place: depth first (its `layers_attr` ModuleList), then every MoE layer's width.
 
     Noise comes from a generator seeded with `seed` (identical on every rank and on replay). A recorded
-    `init_config` is updated (`depth`, `num_experts`, `top_k`), so the grown model can be rebuilt by name.
+    `init_config` is updated (`depth`, `num_experts`, `top_k`), so the grown model can be rebuilt by name. A
+    transformers MoE model (or the `hf_causal_lm` wrapper holding one) grows in its own layout
+    (`framework.grow.hf.grow_hf`; `layers_attr` is not used there).
     """
+    from framework.grow.hf import grow_hf, transformers_model
+
+    if transformers_model(model) is not None:
+        return grow_hf(model, depth_factor=depth_factor, depth_method=depth_method, ignore_first=ignore_first,
+                       ignore_last=ignore_last, zero_init_copies=zero_init_copies, width_factor=width_factor,
+                       noise_alpha=noise_alpha, seed=seed, zero_patterns=zero_patterns, top_k_factor=top_k_factor)
     layers = getattr(model, layers_attr, None)
     if not isinstance(layers, nn.ModuleList):
         raise ValueError(f"{type(model).__name__}.{layers_attr} is not an nn.ModuleList of layers (got"
@@ -204,10 +215,25 @@ def grow(model: nn.Module, *, depth_factor: int = 1, depth_method: str = "interp
     return result
 
 
+def layer_list(model: nn.Module, layers_attr: str = "blocks") -> nn.ModuleList:
+    """The layers growth copies: `model.<layers_attr>`, or a transformers model's decoder layers."""
+    from framework.grow.hf import decoder_layers, transformers_model
+
+    hf = transformers_model(model)
+    layers = decoder_layers(hf) if hf is not None else getattr(model, layers_attr, None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ValueError(f"{type(model).__name__}.{layers_attr} is not an nn.ModuleList of layers (got"
+                         f" {type(layers).__name__}); pass layers_attr= naming the model's layer list")
+    return layers
+
+
 def count_params(model: nn.Module) -> dict[str, int]:
     """Total and active (per token) parameters: an MoE layer's experts count top_k/num_experts of their size."""
+    from framework.grow.hf import hf_counts, transformers_model
+
     total = sum(p.numel() for p in model.parameters())
-    inactive = 0
+    hf = transformers_model(model)
+    inactive = hf_counts(hf)[0] if hf is not None else 0
     for moe in find_moe_layers(model):
         experts = sum(p.numel() for p in moe.experts.parameters())
         inactive += experts - experts * moe.top_k // moe.num_experts
@@ -226,10 +252,13 @@ def norm_profile(layers: Iterable[nn.Module], part: str = "experts") -> list[flo
     """
     if part not in NORM_PARTS:
         raise ValueError(f"part={part!r} is invalid; valid: {', '.join(NORM_PARTS)}")
+    from framework.grow.hf import expert_matrices, moe_blocks
+
     profile = []
     for layer in layers:
         if part == "experts":
             mats = [p for moe in find_moe_layers(layer) for p in moe.experts.parameters() if p.ndim >= 2]
+            mats += [m for block in moe_blocks(layer) for m in expert_matrices(block)]  # transformers' fused
         else:
             mats = [p for name, p in layer.named_parameters() if p.ndim >= 2 and (part == "all" or "attn" in name)]
         if not mats:

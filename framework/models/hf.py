@@ -95,7 +95,8 @@ class HFLanguageModel(RecordsConfig):
     `AttentionInterface`). `causal=False` runs a causal family without its causal mask (transformers 5 uses a
     4-D boolean mask as given: checked on Llama, Qwen2/3, Mistral, Mixtral, OLMoE) as an MDLM backbone; its logits
     are then shifted one place right (Dream's convention: position t's logits come from t−1's output, so an
-    autoregressive checkpoint's head keeps its meaning).
+    autoregressive checkpoint's head keeps its meaning). `tokenizer` names where the tokenizer comes from when that
+    is not `name_or_path` (a grown model is rebuilt from its config, its tokenizer still its source's).
     """
 
     kind = "causal"
@@ -110,6 +111,7 @@ class HFLanguageModel(RecordsConfig):
         dtype: str = "float32",
         attn_implementation: str | None = "sdpa",
         causal: bool = True,
+        tokenizer: str | None = None,
     ):
         super().__init__()
         self.bidirectional = not causal
@@ -159,9 +161,12 @@ class HFLanguageModel(RecordsConfig):
                              f" {transformers.__version__}; try model={other}")
 
     @classmethod
-    def tokenizer_for(cls, name_or_path: str | None = None, revision: str | None = None, **_: Any) -> Any | None:
-        """The tokenizer a model of these arguments comes with (None for a fresh config)."""
-        return load_tokenizer(str(name_or_path), revision) if name_or_path else None
+    def tokenizer_for(cls, name_or_path: str | None = None, revision: str | None = None, tokenizer: str | None = None,
+                      **_: Any) -> Any | None:
+        """The tokenizer a model of these arguments comes with: `tokenizer`'s (a Hub id or folder) when given, else
+        `name_or_path`'s (None for a fresh config)."""
+        source = tokenizer or name_or_path
+        return load_tokenizer(str(source), revision) if source else None
 
     @property
     def mask_id(self) -> int | None:
@@ -200,8 +205,8 @@ class HFCausalLM(HFLanguageModel):
 
     def __init__(self, name_or_path: str | None = None, config: dict[str, Any] | None = None,
                  vocab_size: int | None = None, revision: str | None = None, dtype: str = "float32",
-                 attn_implementation: str | None = "sdpa", causal: bool = True):
-        super().__init__(name_or_path, config, vocab_size, revision, dtype, attn_implementation, causal)
+                 attn_implementation: str | None = "sdpa", causal: bool = True, tokenizer: str | None = None):
+        super().__init__(name_or_path, config, vocab_size, revision, dtype, attn_implementation, causal, tokenizer)
 
     @property
     def gate_shape(self) -> tuple[int, int]:
@@ -281,8 +286,8 @@ class HFMaskedLM(HFLanguageModel):
 
     def __init__(self, name_or_path: str | None = None, config: dict[str, Any] | None = None,
                  vocab_size: int | None = None, revision: str | None = None, dtype: str = "float32",
-                 attn_implementation: str | None = "sdpa"):
-        super().__init__(name_or_path, config, vocab_size, revision, dtype, attn_implementation)
+                 attn_implementation: str | None = "sdpa", tokenizer: str | None = None):
+        super().__init__(name_or_path, config, vocab_size, revision, dtype, attn_implementation, tokenizer=tokenizer)
 
 
 def is_hf_model(model: Any) -> bool:

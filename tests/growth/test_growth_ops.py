@@ -76,6 +76,7 @@ def test_ignore_first_and_last_layers_appear_once(a, b):
     ({"method": "interleave"}, "depth_method='interleave' is invalid; valid: interposition, stack"),
     ({"factor": 0}, "depth_factor=0 must be an integer >= 1"),
     ({"ignore_first": 3, "ignore_last": 2}, "sum to at most the number of layers"),
+    ({"ignore_first": 2, "ignore_last": 2}, "leaves no middle layer of the 4 to copy"),
 ])
 def test_bad_depth_arguments_name_the_value(kw, match):
     with pytest.raises(ValueError, match=match):
