@@ -48,6 +48,10 @@ def load_growable(source: str, revision: str | None = None, build: Build | None 
         spec = validate_config(run.model_config())
         return run.load(build or registered_model), spec
     loaded = load_model(resolved.value, revision, build=build)
+    if transformers_model(loaded.model) is not None:  # transformers' layout: its config has no framework name
+        from framework.hub.formats import model_spec
+
+        return loaded.model, {"name": model_spec(loaded.config).name, "config": dict(loaded.model.init_config)}
     return loaded.model, {"name": loaded.config["name"], "config": dict(loaded.config["config"])}
 
 

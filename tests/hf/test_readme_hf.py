@@ -16,7 +16,7 @@ from support import warm_cli
 
 pytest.importorskip("transformers")
 
-SECTION, SERVING = "## Your own Hugging Face model", "## Serving with a mixed KV cache"
+SECTION, SERVING, GROW = "## Your own Hugging Face model", "## Serving with a mixed KV cache", "## Grow your own MoE"
 
 
 def _blocks(section: str) -> list[tuple[str, str]]:
@@ -25,9 +25,11 @@ def _blocks(section: str) -> list[tuple[str, str]]:
     return re.findall(r"^```(\w*)\n(.*?)^```", body, flags=re.M | re.S)
 
 
-def _run_section(section: str, hub, tmp_path) -> tuple[list[str], list[tuple[str, dict | str]]]:
+def _run_section(section: str, hub, tmp_path, one_folder: bool = False
+                 ) -> tuple[list[str], list[tuple[str, dict | str]]]:
     """Every block of `section` in order: python blocks in a fresh process, `python -m MODULE` lines as printed (a
-    `framework.train` line at its recipe's smoke size). Returns the python blocks' stdout and (line, its
+    `framework.train` line at its recipe's smoke size), each line in a folder of its own or, `one_folder`, all of a
+    block in one (a line reads what the one before wrote). Returns the python blocks' stdout and (line, its
     results.json or its stdout) per command line."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "FRAMEWORK_SMOKE": "1",
            "HF_ENDPOINT": hub.url, "HF_TOKEN": "dummy", "HF_HOME": str(tmp_path / "hf_home")}
@@ -44,13 +46,15 @@ def _run_section(section: str, hub, tmp_path) -> tuple[list[str], list[tuple[str
         for j, line in enumerate(code.strip().splitlines()):
             argv = shlex.split(line)
             assert argv[:2] == ["python", "-m"], line
-            (cwd / str(j)).mkdir()
-            proc = warm_cli.run(argv[2], argv[3:], env, cwd / str(j), timeout=300)
+            where = cwd if one_folder else cwd / str(j)
+            where.mkdir(exist_ok=True)
+            before = set(where.glob("outputs/train/*/results.json"))
+            proc = warm_cli.run(argv[2], argv[3:], env, where, timeout=300)
             assert proc.returncode == 0, f"{line}\n{proc.stderr[-3000:]}"
             if argv[2] != "framework.train":
                 ran.append((line, proc.stdout))
                 continue
-            (results,) = [json.loads(p.read_text()) for p in (cwd / str(j)).glob("outputs/train/*/results.json")]
+            (results,) = [json.loads(p.read_text()) for p in set(where.glob("outputs/train/*/results.json")) - before]
             if "hub.repo_id=" in line:
                 repo = line.split("hub.repo_id=")[1].split()[0]
                 assert results["hub"]["repo_id"] == repo
@@ -88,3 +92,15 @@ def test_the_serving_section_runs_as_printed(hub, tmp_path):
     cli_tokens = json.loads(re.search(r"tokens: (\[.*\])", out).group(1))
     tokens, nbytes = printed[0].rsplit(" ", 1)
     assert json.loads(tokens) == cli_tokens and int(nbytes) == int(held.replace(",", ""))
+
+
+@pytest.mark.long
+def test_the_grow_your_own_moe_section_runs_as_printed(hub, tmp_path):
+    """An OLMoE pushed by name, grown by name, pushed in transformers' layout and trained on by name; transformers
+    opens it with twice the layers, experts and experts per token; the growth record travels with it."""
+    assert [lang for lang, _ in _blocks(GROW)] == ["bash", "python"]
+    printed, ran = _run_section(GROW, hub, tmp_path, one_folder=True)
+    assert printed == ["4 8 2"]
+    assert "growth.json" in set(hub.api.list_repo_files("local-user/tiny-olmoe-grown"))
+    line, results = ran[-1]
+    assert results["global_step"] > 0 and "model.name_or_path=local-user/tiny-olmoe-grown" in line
