@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from framework.errors import run_cli
+from framework.errors import InputError, run_cli
 from framework.grow.hf import check_moe, transformers_model
 from framework.grow.ops import DEPTH_METHODS, count_params, grow, layer_list, norm_profile
 from framework.rundir import GROWTH_KEY, LAST_CHECKPOINT, SPEC_NAME, Build, RunDir, resolve_source
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 def _grow(args: argparse.Namespace) -> None:
     """Load, grow, save and report what `main` parsed."""
     if args.out.exists() and any(args.out.iterdir()):
-        raise FileExistsError(f"--out {args.out} is not empty: give a new folder (nothing there is overwritten)")
+        raise InputError(f"--out {args.out} is not empty: give a new folder (nothing there is overwritten)")
     model, spec = load_growable(args.source, args.revision)
     hf = transformers_model(model)
     if hf is not None:

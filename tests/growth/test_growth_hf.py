@@ -201,3 +201,14 @@ def test_bad_growth_input_is_one_error_line_and_nothing_is_written(args, match, 
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], lines
     assert not (tmp_path / "out").exists()
+
+
+def test_the_grow_command_never_writes_into_a_folder_that_holds_files(tmp_path, capsys):
+    HFCausalLM(config=config("mixtral")).save_pretrained(tmp_path / "src")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert grow_main([str(tmp_path / "src"), "--width", "2", "--out", str(tmp_path / "out")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "is not empty" in lines[0], lines
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["notes.txt"]
