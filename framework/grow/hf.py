@@ -227,10 +227,9 @@ def _record(model: nn.Module, hf: nn.Module) -> None:
     recorded = getattr(model, "init_config", None)
     if model is hf or not isinstance(recorded, dict):
         return
-    grown = hf.config.to_diff_dict()
-    grown["model_type"] = hf.config.model_type
+    grown = {k: v for k, v in hf.config.to_dict().items() if k not in ("transformers_version", "_name_or_path")}
     source = recorded.get("name_or_path") or recorded.get("tokenizer")
-    recorded.update(name_or_path=None, config=grown, revision=None, tokenizer=source)
+    recorded.update(name_or_path=None, config=grown, tokenizer=source)  # `revision`: the tokenizer's
 
 
 def hf_counts(hf: nn.Module) -> tuple[int, int]:

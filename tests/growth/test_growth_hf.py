@@ -212,3 +212,14 @@ def test_the_grow_command_never_writes_into_a_folder_that_holds_files(tmp_path, 
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "is not empty" in lines[0], lines
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["notes.txt"]
+
+
+def test_a_grown_model_loaded_by_name_is_rebuilt_from_its_recorded_config_with_its_own_vocabulary(tmp_path):
+    cfg = {k: v for k, v in config("olmoe").items() if k != "vocab_size"}  # OLMoE's default vocabulary
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg)).save_pretrained(tmp_path / "src")
+    model = HFCausalLM(name_or_path=str(tmp_path / "src"), vocab_size=300)  # the data needs fewer ids
+    grow(model, depth_factor=2, width_factor=2)
+    rebuilt = HFCausalLM(**model.init_config)
+    assert rebuilt.hf.config.vocab_size == AutoConfig.for_model("olmoe").vocab_size
+    assert {k: v.shape for k, v in rebuilt.state_dict().items()} == {k: v.shape for k, v in model.state_dict().items()}
+    assert model.init_config["tokenizer"] == str(tmp_path / "src") and model.init_config["name_or_path"] is None
