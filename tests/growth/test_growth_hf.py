@@ -24,6 +24,7 @@ from framework.grow.hf import moe_blocks  # noqa: E402
 from framework.hub import load_weights_into  # noqa: E402
 from framework.models.hf import HFCausalLM  # noqa: E402
 from framework.modules.causal_lm import CausalLM  # noqa: E402
+from framework.resume import checked_resume  # noqa: E402
 
 SIZE = dict(hidden_size=32, intermediate_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=256)
@@ -159,6 +160,8 @@ def test_a_run_grown_by_the_callback_resumes_from_a_post_growth_checkpoint_bitwi
     assert full.model.hf.config.num_hidden_layers == 6 and len(moe_blocks(full.model)) == 2 * len(
         [s for s in (0, 1, 2) if s not in dense_layers(tiny(family))])
     resumed = _lm(family)  # a fresh, ungrown module: the checkpoint's growth is replayed before the weights load
+    step, _ = checked_resume(str(tmp_path / "full" / "ckpt" / "step3.ckpt"), resumed, tmp_path)  # framework.train's
+    assert step == 3 and resumed.model.hf.config.num_hidden_layers == 3  # check: on a meta copy, the module untouched
     _fit(resumed, [OrthogonalGrowth(**event)], tmp_path / "resumed", steps=5,
          ckpt_path=tmp_path / "full" / "ckpt" / "step3.ckpt")
     a, b = full.state_dict(), resumed.state_dict()
