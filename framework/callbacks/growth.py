@@ -29,7 +29,14 @@ from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 
-from framework.callbacks.growth_events import apply_event, check_copies, expand_schedule, model_copies, replay_on_copy
+from framework.callbacks.growth_events import (
+    apply_event,
+    check_copies,
+    continue_schedule,
+    expand_schedule,
+    model_copies,
+    replay_on_copy,
+)
 from framework.grow.hf import block_counts, check_moe, moe_blocks, transformers_model
 from framework.grow.ops import (
     DEFAULT_ZERO_PATTERNS,
@@ -310,7 +317,7 @@ class OrthogonalGrowth(L.Callback):
             for old, new in zip(old_optimizers, strategy.optimizers, strict=True):
                 transfer_optimizer_state(old, new, growth.param_map)
         for old_cfg, new_cfg in zip(old_schedulers, strategy.lr_scheduler_configs, strict=True):
-            _continue_schedule(old_cfg.scheduler, new_cfg.scheduler)
+            continue_schedule(old_cfg.scheduler, new_cfg.scheduler)
 
     @rank_zero_only
     def _write(self, trainer: L.Trainer) -> None:
@@ -325,23 +332,6 @@ class OrthogonalGrowth(L.Callback):
             plot_norm_profiles({f"before (step {record['global_step']})": record["norm_profile_before"],
                                 f"after {record['depth_method'] if record['depth_factor'] > 1 else 'width'} growth":
                                 record["norm_profile_after"]}, root / f"growth_norm_profile{suffix}.png")
-
-
-def _continue_schedule(old: Any, new: Any) -> None:
-    """Make `new` (built at step 0 over the new optimizer) continue where `old` was, then apply its lrs."""
-    optimizer = new.optimizer
-    if len(getattr(old, "base_lrs", [])) == len(optimizer.param_groups):
-        new.load_state_dict(old.state_dict())
-        lrs = new.get_last_lr() if hasattr(new, "get_last_lr") else [g["lr"] for g in old.optimizer.param_groups]
-        for group, lr in zip(optimizer.param_groups, lrs, strict=True):
-            group["lr"] = lr
-        return
-    import warnings
-
-    with warnings.catch_warnings():  # stepping without optimizer.step() is what fast-forwarding is
-        warnings.simplefilter("ignore")
-        for _ in range(int(getattr(old, "last_epoch", 0))):
-            new.step()
 
 
 def _check_arity(fn: Callable[..., Any], n: int, what: str, valid: str) -> None:

@@ -110,6 +110,23 @@ def check_copies(trainer: Any, pl_module: nn.Module, model: nn.Module, model_att
                              " (e.g. module.ema_decay=0.999 with module=mdlm), which grows with the model")
 
 
+def continue_schedule(old: Any, new: Any) -> None:
+    """Make `new` (built at step 0 over the new optimizer) continue where `old` was, then apply its lrs."""
+    optimizer = new.optimizer
+    if len(getattr(old, "base_lrs", [])) == len(optimizer.param_groups):
+        new.load_state_dict(old.state_dict())
+        lrs = new.get_last_lr() if hasattr(new, "get_last_lr") else [g["lr"] for g in old.optimizer.param_groups]
+        for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        return
+    import warnings
+
+    with warnings.catch_warnings():  # stepping without optimizer.step() is what fast-forwarding is
+        warnings.simplefilter("ignore")
+        for _ in range(int(getattr(old, "last_epoch", 0))):
+            new.step()
+
+
 def _shapes(module: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
     return [(name, tuple(p.shape)) for name, p in module.named_parameters()]
 

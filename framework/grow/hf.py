@@ -6,7 +6,7 @@ with `top_k` and `num_experts`) and `experts`, whose weights are fused 3-D tenso
 its dense layers (`mlp_only_layers`, `decoder_sparse_step`) have a plain MLP. Mixtral, OLMoE, Qwen2-MoE and
 Qwen3-MoE share this layout, so growth is written once against it, duck-typed, without importing transformers:
 
-* depth: the decoder layers (`model.model.layers`) grow by `framework.grow.ops.grow_depth` (interposition or stack,
+* depth: the decoder layers (`model.model.layers`) grow by `framework.grow.base.grow_depth` (interposition or stack,
   `ignore_first` / `ignore_last` layers inserted once), and every attention's `layer_idx` is renumbered, so a KV
   cache built from the grown config lines up and `generate()` works;
 * width: every fused expert tensor and the router's rows are repeated along the expert dim (copy j of expert i at
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from framework.grow.ops import DEFAULT_ZERO_PATTERNS, Growth, grow_depth, noisy_copy
+from framework.grow.base import DEFAULT_ZERO_PATTERNS, Growth, grow_depth, noisy_copy
 
 #: parameter or module names, relative to a decoder layer, of its residual outputs (zeroed in depth copies)
 HF_ZERO_PATTERNS = ("self_attn.o_proj", "mlp.experts.down_proj", "mlp.shared_expert.down_proj", "mlp.down_proj")
