@@ -107,9 +107,10 @@ class LayerKVCache:
         self._reserve_full(k, end)
         self.k_full.narrow(2, start, t).copy_(k)
         self.v_full.narrow(2, start, t).copy_(v)
-        mask = None if t == 1 else torch.ones(t, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
+        causal = t > 1 and start == 0  # a prompt into an empty cache: no (t, t) mask is built
+        mask = None if t == 1 or causal else torch.ones(t, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
         return F.scaled_dot_product_attention(
-            q, self.k_full.narrow(2, 0, end), self.v_full.narrow(2, 0, end), attn_mask=mask,
+            q, self.k_full.narrow(2, 0, end), self.v_full.narrow(2, 0, end), attn_mask=mask, is_causal=causal,
             enable_gqa=self.group > 1)
 
     def _slots(self, positions: Tensor) -> Tensor:
@@ -137,11 +138,14 @@ class LayerKVCache:
         held = min(start, self.sink + self.recent)
         keys = torch.cat([self.k_stream[:, :, :held], k], dim=2)
         values = torch.cat([self.v_stream[:, :, :held], v], dim=2)
-        key_pos = torch.cat([self.slot_pos[:held], positions])
-        mask = key_pos[None, :] <= positions[:, None]
-        if not (self.prefill == "full" and start == 0):
-            mask = mask & ((key_pos[None, :] < self.sink) | (positions[:, None] - key_pos[None, :] < self.recent))
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask.to(q.device), enable_gqa=self.group > 1)
+        if self.prefill == "full" and start == 0:  # plain causal attention over the prompt: no (t, t) mask
+            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=self.group > 1)
+        else:
+            key_pos = torch.cat([self.slot_pos[:held], positions])
+            mask = key_pos[None, :] <= positions[:, None]
+            mask &= (key_pos[None, :] < self.sink) | (positions[:, None] - key_pos[None, :] < self.recent)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask.to(q.device),
+                                                 enable_gqa=self.group > 1)
         keep = (positions < self.sink) | (positions >= start + t - self.recent)
         slots = self._slots(positions[keep]).to(k.device)
         self.k_stream.index_copy_(2, slots, k[:, :, keep.to(k.device)])
