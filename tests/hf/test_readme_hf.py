@@ -31,8 +31,9 @@ def _run_section(section: str, hub, tmp_path, one_folder: bool = False
     `framework.train` line at its recipe's smoke size), each line in a folder of its own or, `one_folder`, all of a
     block in one (a line reads what the one before wrote). Returns the python blocks' stdout and (line, its
     results.json or its stdout) per command line."""
+    # one HF_HOME for the module's sections, as one user's machine has: their runs share one warm server
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "FRAMEWORK_SMOKE": "1",
-           "HF_ENDPOINT": hub.url, "HF_TOKEN": "dummy", "HF_HOME": str(tmp_path / "hf_home")}
+           "HF_ENDPOINT": hub.url, "HF_TOKEN": "dummy", "HF_HOME": str(hub.root / "hf_home")}
     printed, ran = [], []
     for i, (lang, code) in enumerate(_blocks(section)):
         cwd = tmp_path / f"block{i}"
