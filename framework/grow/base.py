@@ -91,6 +91,14 @@ def grow_depth(layers: nn.ModuleList, factor: int = 2, method: str = "interposit
     return nn.ModuleList(new), growth
 
 
+def check_width(factor: int, alpha: float) -> None:
+    """ValueError unless the width factor is an integer >= 1 and the noise scale >= 0."""
+    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
+        raise ValueError(f"width_factor={factor!r} must be an integer >= 1")
+    if alpha < 0:
+        raise ValueError(f"noise_alpha={alpha} must be >= 0")
+
+
 def noisy_copy(t: Tensor, alpha: float, generator: torch.Generator | None = None) -> Tensor:
     """t + N(0, (α·std(t))²) as a new tensor; exact copy when α = 0, std(t) = 0 or t is on the meta device."""
     out = t.detach().clone()
@@ -104,5 +112,5 @@ def noisy_copy(t: Tensor, alpha: float, generator: torch.Generator | None = None
     return out
 
 
-__all__ = ["DEFAULT_ZERO_PATTERNS", "DEPTH_METHODS", "Growth", "ParamMap", "depth_sources", "grow_depth",
+__all__ = ["DEFAULT_ZERO_PATTERNS", "DEPTH_METHODS", "Growth", "ParamMap", "check_width", "depth_sources", "grow_depth",
            "noisy_copy", "zero_outputs"]

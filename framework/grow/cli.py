@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from framework.errors import InputError, run_cli
-from framework.grow.hf import check_moe, transformers_model
+from framework.grow.hf import transformers_model
 from framework.grow.ops import DEPTH_METHODS, count_params, grow, layer_list, norm_profile
 from framework.rundir import GROWTH_KEY, LAST_CHECKPOINT, SPEC_NAME, Build, RunDir, resolve_source
 
@@ -56,8 +56,11 @@ def load_growable(source: str, revision: str | None = None, build: Build | None 
 
 
 def _is_transformers(folder: Path) -> bool:
+    """Whether `folder` holds a config.json in transformers' layout (the Hub loader's own test of the format)."""
+    from framework.hub.formats import TRANSFORMERS, config_format
+
     try:
-        return "model_type" in json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        return config_format(json.loads((folder / "config.json").read_text(encoding="utf-8"))) == TRANSFORMERS
     except (OSError, ValueError):
         return False
 
@@ -110,9 +113,6 @@ def _grow(args: argparse.Namespace) -> None:
     if args.out.exists() and any(args.out.iterdir()):
         raise InputError(f"--out {args.out} is not empty: give a new folder (nothing there is overwritten)")
     model, spec = load_growable(args.source, args.revision)
-    hf = transformers_model(model)
-    if hf is not None:
-        check_moe(hf)  # a dense model is refused before anything is grown or written
     before, profile_before = count_params(model), _profile(model)
     grow(model, depth_factor=args.depth, depth_method=args.method, ignore_first=args.ignore_first,
          ignore_last=args.ignore_last, zero_init_copies=args.zero_init, width_factor=args.width,

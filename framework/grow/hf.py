@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from framework.grow.base import DEFAULT_ZERO_PATTERNS, Growth, grow_depth, noisy_copy
+from framework.grow.base import DEFAULT_ZERO_PATTERNS, Growth, check_width, grow_depth, noisy_copy
 
 #: parameter or module names, relative to a decoder layer, of its residual outputs (zeroed in depth copies)
 HF_ZERO_PATTERNS = ("self_attn.o_proj", "mlp.experts.down_proj", "mlp.shared_expert.down_proj", "mlp.down_proj")
@@ -115,10 +115,7 @@ def grow_block_width(block: nn.Module, factor: int = 2, alpha: float = 0.01, gen
                      top_k_factor: int | None = None) -> Growth:
     """E → factor·E experts in one sparse MoE block: the fused expert tensors and the router's rows (and any router
     tensor indexed by expert, such as a score-correction bias) repeated along dim 0 with noise; top-k × factor."""
-    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
-        raise ValueError(f"width_factor={factor!r} must be an integer >= 1")
-    if alpha < 0:
-        raise ValueError(f"noise_alpha={alpha} must be >= 0")
+    check_width(factor, alpha)
     growth = Growth()
     if factor == 1:
         return growth
@@ -232,14 +229,14 @@ def _record(model: nn.Module, hf: nn.Module) -> None:
     recorded.update(name_or_path=None, config=grown, tokenizer=source)  # `revision`: the tokenizer's
 
 
-def hf_counts(hf: nn.Module) -> tuple[int, int]:
+def inactive_expert_params(hf: nn.Module) -> int:
     """Parameters of the experts not active per token in a transformers MoE (to subtract from the total)."""
     inactive = 0
     for block in moe_blocks(hf):
         n, k = block_counts(block)
         size = sum(p.numel() for p in block.experts.parameters(recurse=False) if p.ndim == 3)
         inactive += size - size * k // n
-    return inactive, len(decoder_layers(hf))
+    return inactive
 
 
 __all__ = ["HF_ZERO_PATTERNS", "check_moe", "decoder_layers", "expert_matrices", "grow_block_width", "grow_hf",

@@ -23,12 +23,20 @@ from framework.grow.base import (  # noqa: F401 - re-exported: framework.grow.op
     DEPTH_METHODS,
     Growth,
     ParamMap,
+    check_width,
     depth_sources,
     grow_depth,
     noisy_copy,
     zero_outputs,
 )
-from framework.grow.hf import decoder_layers, expert_matrices, grow_hf, hf_counts, moe_blocks, transformers_model
+from framework.grow.hf import (
+    decoder_layers,
+    expert_matrices,
+    grow_hf,
+    inactive_expert_params,
+    moe_blocks,
+    transformers_model,
+)
 
 NORM_PARTS = ("experts", "attn", "all")
 
@@ -49,10 +57,7 @@ def grow_width(moe: nn.Module, factor: int = 2, alpha: float = 0.01, generator: 
 
     top_k is multiplied by `top_k_factor` (default `factor`); only then is the α = 0 growth function-preserving.
     """
-    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
-        raise ValueError(f"width_factor={factor!r} must be an integer >= 1")
-    if alpha < 0:
-        raise ValueError(f"noise_alpha={alpha} must be >= 0")
+    check_width(factor, alpha)
     growth = Growth()
     if factor == 1:
         return growth
@@ -103,10 +108,7 @@ def grow(model: nn.Module, *, depth_factor: int = 1, depth_method: str = "interp
         return grow_hf(model, depth_factor=depth_factor, depth_method=depth_method, ignore_first=ignore_first,
                        ignore_last=ignore_last, zero_init_copies=zero_init_copies, width_factor=width_factor,
                        noise_alpha=noise_alpha, seed=seed, zero_patterns=zero_patterns, top_k_factor=top_k_factor)
-    layers = getattr(model, layers_attr, None)
-    if not isinstance(layers, nn.ModuleList):
-        raise ValueError(f"{type(model).__name__}.{layers_attr} is not an nn.ModuleList of layers (got"
-                         f" {type(layers).__name__}); pass layers_attr= naming the model's layer list")
+    layers = layer_list(model, layers_attr)
     result = Growth(sources=list(range(len(layers))))
     if depth_factor != 1 or ignore_first or ignore_last:
         new, result = grow_depth(layers, depth_factor, depth_method, ignore_first, ignore_last, zero_init_copies,
@@ -146,7 +148,7 @@ def count_params(model: nn.Module) -> dict[str, int]:
     """Total and active (per token) parameters: an MoE layer's experts count top_k/num_experts of their size."""
     total = sum(p.numel() for p in model.parameters())
     hf = transformers_model(model)
-    inactive = hf_counts(hf)[0] if hf is not None else 0
+    inactive = inactive_expert_params(hf) if hf is not None else 0
     for moe in find_moe_layers(model):
         experts = sum(p.numel() for p in moe.experts.parameters())
         inactive += experts - experts * moe.top_k // moe.num_experts
