@@ -8,10 +8,12 @@ interface: no `forward` method is replaced.
   forward, which transformers hands to every attention call), each KV head's output is
   `g · full + (1 − g) · streaming`, one gate per KV head shared by its query group (RLKV's and DuoAttention's
   training objective; the same blend as `framework.models.transformer`);
-* with a `MixedKVCache` as the model's cache (`model(ids, past_key_values=cache)`, `model.generate(ids,
-  past_key_values=cache)`), each layer's full heads keep every position and the others the sink and the recent
-  window in a fixed ring (`framework.probes.kv_cache.LayerKVCache`): the cache layer hands itself to the attention
-  call through the keyword arguments transformers passes to both, and the attention stores and attends there.
+* with a `MixedKVCache` as the model's cache (`model(ids, cache=cache)`, `model.generate(ids, cache=cache)`;
+  `past_key_values=` before transformers renamed it), each layer's full heads keep every position and the others
+  the sink and the recent window in a fixed ring (`framework.probes.kv_cache.LayerKVCache`; a prompt's compressed
+  heads attend in chunks, so neither the work nor the mask grows with the prompt's square): the cache layer hands
+  itself to the attention call through the keyword arguments transformers passes to both, and the attention stores
+  and attends there.
 
 A model whose attention does not go through the interface (`_supports_attention_backend` False) is refused by name.
 Prompts in one batch must have equal lengths (no padding): the streaming heads' positions are the cache's.
@@ -145,7 +147,8 @@ def mixed_kv_cache(model: nn.Module, full_heads: Tensor | None, window: tuple[in
     """A transformers `Cache` for `model` whose KV heads marked True in `full_heads` (layers, kv_heads) keep every
     position and the others `window=(sink, recent)`; None keeps every head full. `capacity` preallocates the full
     heads' buffers for that many positions (prompt + new tokens), so decoding allocates no cache memory.
-    Sets the model's attention to `framework_rlkv`. Pass it as `past_key_values=` to the model or to `generate`."""
+    Sets the model's attention to `framework_rlkv`. Pass it as `cache=` to the model or to `generate`
+    (`past_key_values=` in transformers before the rename)."""
     from transformers.cache_utils import Cache
 
     layers, kv_heads, heads = attention_shape(model)

@@ -33,6 +33,10 @@ class LayerKVCache:
     its keys/values in place and allocates no cache memory (the full buffer grows only past `capacity`).
     """
 
+    #: new positions per attention call when compressed heads take several at once (a prompt): bounds the mask and
+    #: the work at (chunk, sink + recent + chunk) per call, however long the prompt
+    prefill_chunk = 1024
+
     def __init__(self, full: Tensor, heads: int, sink: int, recent: int, capacity: int | None = None,
                  prefill: str = "streaming"):
         full = torch.as_tensor(full, dtype=torch.bool).flatten()
@@ -132,25 +136,35 @@ class LayerKVCache:
         return self._prefill_stream(q, k, v)
 
     def _prefill_stream(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Several new positions at once (a prompt): attend with a position mask, then keep what the ring holds."""
+        """Several new positions at once (a prompt): attend, then keep what the ring holds."""
         start, t = self.length, q.shape[2]
-        positions = torch.arange(start, start + t)
-        held = min(start, self.sink + self.recent)
-        keys = torch.cat([self.k_stream[:, :, :held], k], dim=2)
-        values = torch.cat([self.v_stream[:, :, :held], v], dim=2)
         if self.prefill == "full" and start == 0:  # plain causal attention over the prompt: no (t, t) mask
-            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=self.group > 1)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.group > 1)
         else:
-            key_pos = torch.cat([self.slot_pos[:held], positions])
-            mask = key_pos[None, :] <= positions[:, None]
-            mask &= (key_pos[None, :] < self.sink) | (positions[:, None] - key_pos[None, :] < self.recent)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask.to(q.device),
-                                                 enable_gqa=self.group > 1)
+            out = torch.cat([self._stream_chunk(q, k, v, a, min(t, a + self.prefill_chunk))
+                             for a in range(0, t, self.prefill_chunk)], dim=2)
+        positions = torch.arange(start, start + t)
         keep = (positions < self.sink) | (positions >= start + t - self.recent)
         slots = self._slots(positions[keep]).to(k.device)
         self.k_stream.index_copy_(2, slots, k[:, :, keep.to(k.device)])
         self.v_stream.index_copy_(2, slots, v[:, :, keep.to(v.device)])
         return out
+
+    def _stream_chunk(self, q: Tensor, k: Tensor, v: Tensor, a: int, b: int) -> Tensor:
+        """The compressed heads' outputs for new positions a..b-1 (of the `t` given at once): they attend to what
+        the ring held before the call, the new sink positions and the new keys from `a - recent + 1` on, so a
+        chunk's mask is (b - a, at most sink + recent + b - a) whatever the prompt's length."""
+        start, device = self.length, q.device
+        held = min(start, self.sink + self.recent)
+        lo = max(0, a - self.recent + 1)  # the first new key inside any of the chunk's recent windows
+        sinks = max(0, min(self.sink - start, lo))  # new sink keys before `lo` (the rest lie in k[lo:b])
+        keys = torch.cat([self.k_stream[:, :, :held], k[:, :, :sinks], k[:, :, lo:b]], dim=2)
+        values = torch.cat([self.v_stream[:, :, :held], v[:, :, :sinks], v[:, :, lo:b]], dim=2)
+        key_pos = torch.cat([self.slot_pos[:held].to(device), torch.arange(start, start + sinks, device=device),
+                             torch.arange(start + lo, start + b, device=device)])
+        query_pos = torch.arange(start + a, start + b, device=device)[:, None]
+        mask = (key_pos <= query_pos) & ((key_pos < self.sink) | (query_pos - key_pos < self.recent))
+        return F.scaled_dot_product_attention(q[:, :, a:b], keys, values, attn_mask=mask, enable_gqa=self.group > 1)
 
     def preload(self, k: Tensor, v: Tensor) -> None:
         """Store keys/values (batch, kv_heads, t, d) of positions 0..t-1 without attending (what a prefill keeps):

@@ -179,3 +179,36 @@ def test_slot_positions_follow_the_ring_before_and_after_it_fills():
         seen.append(layer.slot_pos.tolist())
     assert seen[0] == [0, -1, -1, -1, -1] and seen[3] == [0, 1, 2, 3, -1]
     assert seen[8] == [0, 1, 8, 6, 7]  # positions 0..8: slot 2 + r holds the last p with (p - 2) % 3 == r
+
+
+@pytest.mark.parametrize(("window", "first"), [((2, 5), 23), ((6, 3), 4), ((0, 7), 30)])
+def test_a_prompt_attended_in_chunks_gives_what_one_call_gives_and_the_same_rings(window, first):
+    """The streaming prefill attends in chunks of `prefill_chunk` new positions; 3 here, so chunks start inside the
+    sink, straddle it and lie past it, and the second prompt call starts with a ring that holds part of the first."""
+    model = sharp_model(4)
+    full = allocation(3, 4, seed=first)
+    seq = torch.randint(0, 20, (8, 44), generator=torch.Generator().manual_seed(10))
+    whole, chunked = MixedKVCache(model, full, window), MixedKVCache(model, full, window)
+    for layer in chunked.layers:
+        layer.prefill_chunk = 3
+    with torch.no_grad():
+        logits = [torch.cat([model(seq[:, :first], cache=c), model(seq[:, first:40], cache=c)]
+                            + [model(seq[:, t : t + 1], cache=c) for t in range(40, 44)], dim=1)
+                  for c in (whole, chunked)]
+    # the keys a chunk sees are a subset of one call's, masked alike: the same sums up to float rounding, which the
+    # sharp weights carry through three layers; measured against each tensor's own scale
+    def assert_rounding_apart(got, expected):
+        assert (got is None) == (expected is None)  # a layer with no full (or no compressed) head has no buffer
+        assert got is None or (got - expected).abs().amax() <= 1e-5 * expected.abs().amax()
+
+    assert_rounding_apart(logits[1], logits[0])
+    for a, b in zip(whole.layers, chunked.layers, strict=True):
+        assert a.slot_pos.tolist() == b.slot_pos.tolist()
+        for got, expected in ((b.k_stream, a.k_stream), (b.v_stream, a.v_stream), (b.k_full, a.k_full)):
+            assert_rounding_apart(got, expected)
+    # ...and not what full attention over the 40 prompt positions would have given the compressed heads
+    whole, full_prefill = MixedKVCache(model, full, window), MixedKVCache(model, full, window, prefill="full")
+    with torch.no_grad():
+        streamed, other = (model(seq[:, :40], cache=c) for c in (whole, full_prefill))
+    assert_rounding_apart(streamed, logits[0][:, :40])
+    assert (other - streamed).abs().amax() > 1e-2 * streamed.abs().amax()
