@@ -196,10 +196,24 @@ def smoke_overrides(argv: list[str]) -> list[str]:
     if len(recipes) != 1 or (name := recipes.pop()) not in SMOKE:
         return []
     given = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a}
-    # a group the command swaps (`model=hf_causal_lm`) takes none of the smoke values sized for the recipe's choice
-    swapped = {key for key in given if "." not in key and key not in ("recipe", "size")}
+    # a group the command swaps keeps the smoke values its new choice takes (`module=duo_attention`: the probes'
+    # pretrain_steps) and leaves out the rest (`model=hf_causal_lm` has no `dim`)
+    swapped = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in argv
+               if "=" in a and "." not in a.split("=", 1)[0] and a.split("=", 1)[0] not in ("recipe", "size")}
     return [a for a in SMOKE[name] if a.split("=", 1)[0] not in {*given, *SMOKE_KEEPS}
-            and a.split("=", 1)[0].split(".", 1)[0] not in swapped]
+            and _takes(a.split("=", 1)[0], swapped)]
+
+
+def _takes(dotted: str, swapped: dict[str, str]) -> bool:
+    """Whether the smoke value at `dotted` (`group.key...`) still applies: its group is the recipe's choice, or the
+    new choice (one registered name) takes `key`."""
+    from framework.registry import GROUPS
+
+    group, _, key = dotted.partition(".")
+    key = key.split(".", 1)[0]
+    if group not in swapped:
+        return True
+    return group in GROUPS and swapped[group] in GROUPS[group] and key in _parameters(GROUPS[group].get(swapped[group]))
 
 
 def size_overrides(name: str, size: str) -> list[str]:

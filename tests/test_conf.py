@@ -124,6 +124,19 @@ def test_rlkv_probe_states_the_sizes_of_the_model_it_probes(hydra):
     assert smoke_probe["model"] == smoke_base["model"] and smoke_probe["module"]["pretrain_steps"] == 4
 
 
+@pytest.mark.parametrize("module", ["duo_attention", "random"])
+def test_framework_smoke_keeps_the_smoke_values_a_swapped_choice_takes(hydra, module):
+    """`recipe=rlkv_probe module=duo_attention` at FRAMEWORK_SMOKE=1 is its size=smoke run: the probes share the
+    pretraining values (not 2,500 steps of it); a swapped model that has no `dim` gets none of the model's values."""
+    argv = ["recipe=rlkv_probe", f"module={module}"]
+    shorthand = _job(*argv, *smoke_overrides(argv))
+    smoke = _job(*argv, "size=smoke")
+    shorthand["trainer"]["val_check_interval"] = smoke["trainer"]["val_check_interval"]  # FRAMEWORK_SMOKE keeps it
+    assert shorthand == smoke and shorthand["module"]["pretrain_steps"] == 4
+    hf = smoke_overrides(["recipe=rlkv_probe", "model=hf_causal_lm", "model.name_or_path=me/llama"])
+    assert "module.pretrain_steps=4" in hf and not [a for a in hf if a.startswith("model.")]
+
+
 def test_a_swapped_group_leaves_out_values_an_inherited_recipe_got_from_its_base(hydra):
     notes = fit_to_choices(["recipe=olion_char_lm", "scheduler=constant"])
     try:
