@@ -167,13 +167,7 @@ def mixed_kv_cache(model: nn.Module, full_heads: Tensor | None, window: tuple[in
 
 def cache_nbytes(cache: Any) -> int:
     """Bytes of the keys and values a `mixed_kv_cache` holds (not its buffers' spare capacity)."""
-    total = 0
-    for layer in cache.layers:
-        kv = layer.kv
-        first = next((x for x in (kv.k_full, kv.k_stream) if x is not None), None)
-        if first is not None:
-            total += kv.nbytes(first.shape[0], first.shape[3], first.element_size())
-    return total
+    return sum(layer.kv.nbytes() for layer in cache.layers)
 
 
 __all__ = ["NAME", "attention_shape", "cache_nbytes", "mixed_kv_cache", "rlkv_attention", "use_rlkv_attention"]

@@ -94,12 +94,13 @@ class LayerKVCache:
         self.length += q.shape[2]
         return out.index_select(1, self.q_restore) if self.permuted else out
 
-    def _reserve_full(self, k: Tensor, end: int) -> None:
-        """Make the full heads' buffers hold `end` positions (`capacity` at once; doubling only past it)."""
+    def _reserve_full(self, k: Tensor, v: Tensor, end: int) -> None:
+        """Make the full heads' buffers hold `end` positions (`capacity` at once; doubling only past it), each in its
+        own tensor's dtype (under autocast a rotated key can be float32 while its value is bfloat16)."""
         if self.k_full is not None and end <= self.k_full.shape[2]:
             return
         size = max(end, self.capacity or 0, 2 * (0 if self.k_full is None else self.k_full.shape[2]))
-        k_new, v_new = (k.new_zeros(k.shape[0], k.shape[1], size, k.shape[3]) for _ in range(2))
+        k_new, v_new = (x.new_zeros(x.shape[0], x.shape[1], size, x.shape[3]) for x in (k, v))
         if self.k_full is not None:
             k_new[:, :, :self.length], v_new[:, :, :self.length] = (
                 x[:, :, :self.length] for x in (self.k_full, self.v_full))
@@ -108,7 +109,7 @@ class LayerKVCache:
     def _attend_full(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         start, t = self.length, q.shape[2]
         end = start + t
-        self._reserve_full(k, end)
+        self._reserve_full(k, v, end)
         self.k_full.narrow(2, start, t).copy_(k)
         self.v_full.narrow(2, start, t).copy_(v)
         causal = t > 1 and start == 0  # a prompt into an empty cache: no (t, t) mask is built
@@ -124,7 +125,7 @@ class LayerKVCache:
         start, t = self.length, q.shape[2]
         size = self.sink + self.recent
         if self.k_stream is None:
-            self.k_stream, self.v_stream = (k.new_zeros(k.shape[0], k.shape[1], size, k.shape[3]) for _ in range(2))
+            self.k_stream, self.v_stream = (x.new_zeros(x.shape[0], x.shape[1], size, x.shape[3]) for x in (k, v))
         if t == 1:  # decoding: after the in-place write, every held entry is within the sink or the recent window
             slot = start if start < self.sink else self.sink + (start - self.sink) % self.recent
             self.k_stream.narrow(2, slot, 1).copy_(k)
@@ -176,7 +177,7 @@ class LayerKVCache:
         if self.n_full:
             full_idx = self.full_idx.to(k.device)
             k_full, v_full = k[:, full_idx], v[:, full_idx]
-            self._reserve_full(k_full, t)
+            self._reserve_full(k_full, v_full, t)
             self.k_full[:, :, :t], self.v_full[:, :, :t] = k_full, v_full
         if self.n_stream:
             positions = torch.arange(t)
@@ -195,9 +196,12 @@ class LayerKVCache:
         held[self.full] = self.length
         return held
 
-    def nbytes(self, batch: int, head_dim: int, element_size: int) -> int:
-        """Bytes of the keys and values held (not the buffer capacity)."""
-        return int(self.entries().sum()) * 2 * batch * head_dim * element_size
+    def nbytes(self) -> int:
+        """Bytes of the keys and values held (not the buffers' spare capacity), each buffer at its own dtype."""
+        held = {"full": self.n_full * self.length, "stream": self.n_stream * min(self.length, self.sink + self.recent)}
+        return sum(held[kind] * x.shape[0] * x.shape[3] * x.element_size()
+                   for kind, x in (("full", self.k_full), ("full", self.v_full), ("stream", self.k_stream),
+                                   ("stream", self.v_stream)) if x is not None)
 
 
 class MixedKVCache:
@@ -242,10 +246,7 @@ class MixedKVCache:
 
     def nbytes(self) -> int:
         """Bytes of keys and values held over all layers (0 before the first forward)."""
-        first = next((x for layer in self.layers for x in (layer.k_full, layer.k_stream) if x is not None), None)
-        if first is None:
-            return 0
-        return sum(layer.nbytes(first.shape[0], self.head_dim, first.element_size()) for layer in self.layers)
+        return sum(layer.nbytes() for layer in self.layers)
 
 
 def kv_fraction(sparsity: float, length: int, window: int) -> float:

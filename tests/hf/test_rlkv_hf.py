@@ -100,6 +100,33 @@ def test_decoding_a_thousand_tokens_allocates_no_cache_memory_and_holds_the_theo
     assert after == pointers  # every step wrote in place into the buffers the prefill made
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_under_bf16_autocast_the_cache_keeps_keys_and_values_in_the_dtypes_hf_caches_them(family):
+    """In a bf16-mixed run (the probes' evaluation, every GPU size) a transformers layer hands its cache a rotated
+    key in float32 and a value in bfloat16. The mixed cache stores each as given, as HF's own cache does, counts
+    its bytes at each dtype, and decodes what the hard-gated model computes under the same autocast."""
+    from transformers import DynamicCache
+
+    model = _model(family)
+    prompt = torch.randint(3, 96, (2, 12), generator=torch.Generator().manual_seed(4))
+    full = torch.tensor([[True, False], [False, True]])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        own = DynamicCache(config=model.hf.config)
+        model.hf(prompt, cache=own)
+        cache = model.mixed_cache(full, WINDOW, capacity=20)
+        cached = torch.cat([model(prompt, cache=cache)] + [model(prompt[:, t : t + 1], cache=cache)
+                                                           for t in range(8)], dim=1)
+        reference = model(torch.cat([prompt, prompt[:, :8]], 1), gates=full.float(), window=WINDOW)
+    k_dtype, v_dtype = own.layers[0].keys.dtype, own.layers[0].values.dtype
+    for layer in cache.layers:
+        assert (layer.kv.k_full.dtype, layer.kv.v_full.dtype) == (k_dtype, v_dtype)
+        assert (layer.kv.k_stream.dtype, layer.kv.v_stream.dtype) == (k_dtype, v_dtype)
+    sizes = k_dtype.itemsize + v_dtype.itemsize
+    assert cache_nbytes(cache) == (2 * 20 + 2 * sum(WINDOW)) * 2 * _head_dim(model) * sizes  # 2 layers x 1 full
+    # the same bf16 computations as the no-cache forward, in another order: apart by bf16 rounding only
+    assert (cached.float() - reference.float()).abs().max() <= 0.05 * reference.float().abs().max()
+
+
 def test_a_model_outside_the_attention_interface_and_a_wrong_pattern_shape_are_refused():
     gpt_neo = HFCausalLM(config={"model_type": "gpt_neo", "hidden_size": 32, "num_layers": 2, "num_heads": 4,
                                  "attention_types": [[["global"], 2]], "max_position_embeddings": 64}, vocab_size=50,
