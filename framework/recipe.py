@@ -237,9 +237,10 @@ def _dotted(node: Any, prefix: str = "") -> list[tuple[str, str]]:
 def fit_to_choices(argv: list[str]) -> list[str]:
     """Leave out the values the recipe named in `argv` sets for a group the command line swaps, where the new
     choice does not take them (`recipe=char_lm scheduler=constant`: `constant` has no `warmup_steps`; its bases'
-    values included), so the recipe's values carry over exactly where they fit. Re-stores the recipe, flattened, in
-    Hydra's ConfigStore for this process only; returns one note per value left out."""
-    from hydra.core.config_store import ConfigStore
+    values included), so the recipe's values carry over exactly where they fit; the same for the recipe's preset at
+    the command's `size=` (`size=smoke model=hf_causal_lm`: the smoke model's `dim` is left out). Re-stores what it
+    changed, flattened, in Hydra's ConfigStore for this process only (`unfit` puts the originals back); returns one
+    note per group and config with values left out."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -254,25 +255,65 @@ def fit_to_choices(argv: list[str]) -> list[str]:
     if len(names) != 1 or names[0] not in RECIPES:
         return []
     name = RECIPES.resolve(str(names[0]))
-    if f"recipe/{name}" not in NODES or not ConfigStore.instance().repo.get("recipe", {}).get(f"{name}.yaml"):
+    if f"recipe/{name}" not in NODES or not _stored("recipe", name):
         return []  # a YAML recipe Hydra reads from a hydra.searchpath folder: composed as written
-    left_out, fitted = [], OmegaConf.to_container(flattened(f"recipe/{name}"))
+    takes: dict[str, tuple[str, set[str]]] = {}  # swapped group -> (its choices as written, the keys all of them take)
+    sizes: list[str] = []
     for ov in overrides:
         group = ov.key_or_group
-        if group in ("recipe", "callbacks") or group not in GROUPS or not isinstance(fitted.get(group), dict):
-            continue
         choices = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.value()]
+        if group == "size":
+            sizes += [str(c) for c in choices]
+        if group in ("recipe", "callbacks") or group not in GROUPS:
+            continue
         if any(c is None or str(c) not in GROUPS[group] for c in choices):
             continue
-        takes = set.intersection(*(set(_parameters(GROUPS[group].get(str(c)))) for c in choices))
-        dropped = {key: fitted[group].pop(key) for key in [k for k in fitted[group] if k not in takes]}
-        if dropped:  # one note per group
+        takes[group] = (",".join(map(str, choices)),
+                        set.intersection(*(set(_parameters(GROUPS[group].get(str(c)))) for c in choices)))
+    notes = _fit(f"recipe/{name}", f"recipe {name}'s", takes)
+    for size in sizes:
+        if f"preset/{name}/{size}" in NODES and _stored(f"preset/{name}", size):
+            notes += _fit(f"preset/{name}/{size}", f"size={size}'s", takes)
+    return notes
+
+
+def _stored(group: str, name: str) -> bool:
+    from hydra.core.config_store import ConfigStore
+
+    repo: Any = ConfigStore.instance().repo
+    for part in group.split("/"):
+        repo = repo.get(part, {})
+    return bool(repo.get(f"{name}.yaml"))
+
+
+def _fit(path: str, whose: str, takes: dict[str, tuple[str, set[str]]]) -> list[str]:
+    """Drop from the config at `path` (flattened) the values of each swapped group its new choice does not take;
+    re-store it when anything was dropped. One note per group."""
+    from hydra.core.config_store import ConfigStore
+
+    notes, fitted = [], OmegaConf.to_container(flattened(path))
+    for group, (choices, keys) in takes.items():
+        if not isinstance(fitted.get(group), dict):
+            continue
+        dropped = {key: fitted[group].pop(key) for key in [k for k in fitted[group] if k not in keys]}
+        if dropped:
             values = ", ".join(f"{group}.{k}={v}" for k, v in dropped.items())
-            left_out.append(f"{group}={','.join(map(str, choices))} takes no {', '.join(dropped)}: recipe {name}'s "
-                            f"{values} {'is' if len(dropped) == 1 else 'are'} left out")
-    if left_out:
-        ConfigStore.instance().store(name=name, node=OmegaConf.create(fitted), group="recipe", package="_global_")
-    return left_out
+            notes.append(f"{group}={choices} takes no {', '.join(dropped)}: {whose} {values} "
+                         f"{'is' if len(dropped) == 1 else 'are'} left out")
+    if notes:
+        group, _, name = path.rpartition("/")
+        ConfigStore.instance().store(name=name, node=OmegaConf.create(fitted), group=group, package="_global_")
+    return notes
+
+
+def unfit(name: str) -> None:
+    """Put recipe `name` and its presets back in Hydra's ConfigStore as registered (what `fit_to_choices` changed)."""
+    from hydra.core.config_store import ConfigStore
+
+    for path, node in NODES.items():
+        if path == f"recipe/{name}" or path.startswith(f"preset/{name}/"):
+            group, _, entry = path.rpartition("/")
+            ConfigStore.instance().store(name=entry, node=node, group=group, package="_global_")
 
 
 def _parameters(target: Any) -> list[str]:

@@ -13,10 +13,9 @@ import textwrap
 import pytest
 from helpers import REPO, run_cli
 from hydra import compose, initialize
-from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from framework.recipe import CONF_DIR, RECIPES, fit_to_choices, smoke_overrides
+from framework.recipe import CONF_DIR, RECIPES, fit_to_choices, smoke_overrides, unfit
 
 
 def readme_yaml_recipe() -> str:
@@ -145,8 +144,24 @@ def test_a_swapped_group_leaves_out_values_an_inherited_recipe_got_from_its_base
         job = _job("recipe=olion_char_lm", "scheduler=constant")
         assert "warmup_steps" not in job["scheduler"] and job["optimizer"]["_target_"].endswith("OLion")
     finally:
-        ConfigStore.instance().store(name="olion_char_lm", node=RECIPES.get("olion_char_lm"), group="recipe",
-                                     package="_global_")
+        unfit("olion_char_lm")
+
+
+def test_a_swapped_group_leaves_out_the_size_presets_values_it_does_not_take(hydra):
+    """`recipe=char_lm model=hf_causal_lm size=smoke`: the smoke preset's model.dim/depth/heads were sized for the
+    recipe's own model; they are left out with a note (Hydra refused `dim` for hf_causal_lm before), and the data's
+    smoke values stay."""
+    argv = ["recipe=char_lm", "model=hf_causal_lm", "size=smoke"]
+    notes = fit_to_choices(argv)
+    try:
+        assert notes[-1] == ("model=hf_causal_lm takes no dim, depth, heads: size=smoke's model.dim=32, "
+                             "model.depth=1, model.heads=2 are left out")
+        job = _job(*argv)
+        assert not {"dim", "depth", "heads"} & set(job["model"]) and job["model"]["_target_"].endswith("HFCausalLM")
+        assert job["data"]["seq_len"] == 32 and job["trainer"]["max_steps"] == 4
+    finally:
+        unfit("char_lm")
+    assert _job("recipe=char_lm", "size=smoke")["model"]["dim"] == 32  # put back for the rest of the process
 
 
 def test_a_yaml_recipe_in_the_apps_own_conf_folder_composes_by_name(tmp_path):

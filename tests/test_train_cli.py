@@ -142,17 +142,14 @@ VARIANTS = {
 @contextlib.contextmanager
 def fitted_recipe(overrides: list[str]):
     """What `main()` does before composing (`fit_to_choices`), undone afterwards for the rest of this process."""
-    from hydra.core.config_store import ConfigStore
-
-    from framework.recipe import RECIPES, fit_to_choices
+    from framework.recipe import fit_to_choices, unfit
 
     left_out = fit_to_choices(overrides)
     try:
         yield left_out
     finally:
         if left_out:
-            name = next(a.split("=", 1)[1] for a in overrides if a.startswith("recipe="))
-            ConfigStore.instance().store(name=name, node=RECIPES.get(name), group="recipe", package="_global_")
+            unfit(next(a.split("=", 1)[1] for a in overrides if a.startswith("recipe=")))
 
 
 class _Built(Exception):
