@@ -14,7 +14,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-KINDS = {"recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2", "draws"}
+KINDS = {"recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2", "draws", "hf"}
 
 
 def gpu_check(*args: str) -> subprocess.CompletedProcess:
@@ -62,6 +62,8 @@ def test_the_reduced_cpu_check_runs_every_check_for_real(tmp_path):
     ns = next(row for row in got if row["check"] == "newton_schulz")["result"]
     assert "float32 agree" in ns and "bfloat16 agree" in ns
     assert "| mixed s=0.5 |" in (out / "kv_decode.md").read_text()
+    assert [row["check"] for row in got if row["check"].startswith("hf")] == ["hf", "hf/rlkv_probe_llama"]
+    assert "val/acc_s0.5" in finite_metrics(out / "rlkv_probe_llama")["metrics"]  # its evaluation ran in bf16
 
 
 @pytest.mark.long
@@ -87,3 +89,15 @@ def test_a_failing_check_is_a_row_and_the_exit_code_is_1(tmp_path):
     got = rows((tmp_path / "table.md").read_text())
     assert [row["check"] for row in got] == ["newton_schulz", "kv_decode"]  # one failure hides no other
     assert all(row["ok"] == "no" and row["result"] for row in got)
+
+
+def test_the_hf_check_runs_transformers_models_on_the_device_it_is_given(tmp_path):
+    """`make test`'s share of the `hf` row (its recipe runs are in the slow test above): in process, on the CPU."""
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import gpu_check as tool
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    result = tool.check_hf(tool.Plan("cpu", True, tmp_path, 60.0, 1, cuda=False))
+    assert "bytes = theory" in result and "Mixtral 2->4 layers, 4->16 experts" in result

@@ -4,8 +4,10 @@ recipes: every recipe at size=smoke in bf16-mixed (`framework.train` subprocesse
 tools/experiments/mask_agnostic.py --size gpu, steps capped; newton_schulz: sign(NS5(G)) in bf16 / fp32 vs float64;
 kv_decode: tools/bench/kv_cache.py's decode on the device plus a cache-correctness check; fsdp2: char_lm under
 trainer.strategy=fsdp2 on one device; draws: every kind of seeded draw in framework/ with a generator on the device
-and on the CPU (mdlm_mask_agnostic's recipe check also needs its extra loss to have run). A failing check is a row
-with ok = no and its last error line; exit 1 if any.
+and on the CPU (mdlm_mask_agnostic's recipe check also needs its extra loss to have run); hf: transformers models
+on the device (the mixed KV cache inside generate() against the hard-gated forward, a gated backward, a Mixtral
+grown in place keeping its function), then the methods' recipes on tiny transformers configs at size=smoke in
+bf16-mixed. A failing check is a row with ok = no and its last error line; exit 1 if any.
 
     python tools/gpu_check.py                            # on a lent GPU; the table also goes to runs/gpu_check/table.md
     python tools/gpu_check.py --device cpu --reduced     # the CPU-sized variant (about a minute on 2 cores)
@@ -37,7 +39,7 @@ import kv_cache as bench  # noqa: E402  (tools/bench/kv_cache.py: its model, win
 from framework.optim.newton_schulz import newton_schulz5  # noqa: E402
 from framework.probes.kv_cache import MixedKVCache, kv_fraction, theoretical_speedup  # noqa: E402
 
-CHECKS = ["recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2", "draws"]
+CHECKS = ["recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2", "draws", "hf"]
 REDUCED_RECIPES = ["char_lm", "data_agent_digits"]
 #: a metric a recipe's results must hold: the part the check is for ran (the flagship's extra loss starts at step 2
 #: of 4 at size=smoke, drawing on the step's generator on the device)
@@ -45,6 +47,23 @@ NEEDS = {"mdlm_mask_agnostic": "train/extra_loss"}
 FLAGSHIP_STEPS = (2000, 300)  # of --size gpu's 6000 pretraining + 500 per arm: what fits next to the other checks
 NS_SHAPES = [(384, 384), (768, 384), (1536, 384), (384, 1536)]  # tools/bench/optimizers.py's d=384 hidden matrices
 NS_FLOOR = {torch.float32: 0.999, torch.bfloat16: 0.99}  # least sign agreement with float64 that passes
+#: tiny transformers configs (built with from_config: nothing is downloaded)
+HF_DIMS = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2}
+HF_SHAPE = ", ".join(f"{k}: {v}" for k, v in HF_DIMS.items())  # as a command line's model.config={...}
+HF_LLAMA = f"model.config={{model_type: llama, {HF_SHAPE}}}"
+#: the methods on transformers models, each a `framework.train` command at size=smoke (--reduced: the first only),
+#: with the metric that says the method's part ran (the probes' evaluation through the mixed cache, the growth
+#: step, the mask-agnostic term, OLion's step: the loss)
+HF_RECIPES = {
+    "rlkv_probe_llama": (["recipe=rlkv_probe", "model=hf_causal_lm", HF_LLAMA], "val/acc_s0.5"),
+    "olion_llama": (["recipe=char_lm", "model=hf_causal_lm", HF_LLAMA, "optimizer=olion"], "train/loss"),
+    "mask_agnostic_bert": (["recipe=mdlm_mask_agnostic", "model=hf_masked_lm", "module.extra_loss_after=0",
+                            f"model.config={{model_type: bert, {HF_SHAPE}}}"], "train/extra_loss"),
+    "moe_growth_olmoe": (["recipe=moe_growth", "model=hf_causal_lm",
+                          f"model.config={{model_type: olmoe, {HF_SHAPE}, num_experts: 4, num_experts_per_tok: 1}}"],
+                         "growth/step"),
+}
 
 
 @dataclass
@@ -267,6 +286,59 @@ def check_draws(plan: Plan) -> str:
     return f"{len(draws)} draws x generator on {' and '.join(sorted({'cpu', dev.type}))}: results on {dev}"
 
 
+def check_hf(plan: Plan) -> str:
+    """transformers models on the device: the mixed KV cache (a prompt in three chunks, then one-token steps) against
+    the hard-gated forward without a cache, inside generate(), with its bytes; a gated backward; a Mixtral grown in
+    depth (zero-initialised copies) and width (noise drawn on the CPU) in place, keeping its function."""
+    from framework.grow.hf import grow_hf
+    from framework.models.hf import HFCausalLM, cache_argument
+    from framework.models.hf_attention import cache_nbytes
+
+    dev, window = torch.device(plan.device), (1, 4)
+    torch.manual_seed(0)
+    model = HFCausalLM(config={"model_type": "llama", **HF_DIMS}, vocab_size=96).eval().to(dev)
+    full = torch.tensor([[True, False], [False, True]])
+    seq = torch.randint(3, 96, (2, 56), generator=torch.Generator().manual_seed(0)).to(dev)
+    cache = model.mixed_cache(full, window, capacity=56)
+    for layer in cache.layers:
+        layer.kv.prefill_chunk = 16  # the 40-token prompt in three chunks
+    with torch.no_grad():
+        parts = [model(seq[:, :40], cache=cache)] + [model(seq[:, t : t + 1], cache=cache) for t in range(40, 56)]
+        reference = model(seq, gates=full.float().to(dev), window=window)
+    error = (torch.cat(parts, dim=1) - reference).abs().max().item()
+    held, theory = cache_nbytes(cache), (2 * 56 + 2 * sum(window)) * 2 * 2 * 16 * 4  # fp32 K and V, batch 2
+    generate_cache = model.mixed_cache(full, window, capacity=48)
+    with torch.no_grad():
+        out = model.hf.generate(seq[:, :40], max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                                **{cache_argument(model.hf): generate_cache})
+    gates = torch.full((2, 2), 0.5, device=dev, requires_grad=True)
+    model(seq[:, :24], gates=gates, window=window).logsumexp(-1).mean().backward()
+    torch.manual_seed(0)
+    moe = HFCausalLM(config={"model_type": "mixtral", **HF_DIMS, "num_local_experts": 4, "num_experts_per_tok": 2},
+                     vocab_size=96).eval().to(dev)
+    with torch.no_grad():
+        before = moe(seq[:, :24])
+        grow_hf(moe, depth_factor=2, zero_init_copies=True)
+        deep = moe(seq[:, :24])
+        grow_hf(moe, width_factor=2, noise_alpha=0.0)  # exact copies, top-k doubled: the same function
+        wide = moe(seq[:, :24])
+        grow_hf(moe, width_factor=2, noise_alpha=0.01, seed=1)  # noisy copies: runs, on the device, finite
+        noisy = moe(seq[:, :24])
+    growth_error = max((deep - before).abs().max().item(), (wide - before).abs().max().item())
+    on_device = {p.device.type for p in moe.parameters()} == {dev.type}
+    problems = [f"mixed cache off by {error:.1e} (limit 1e-3)"] * (error > 1e-3)
+    problems += [f"cache holds {held} bytes, theory {theory}"] * (held != theory)
+    problems += [f"generate gave {tuple(out.shape)} on {out.device}"] * (out.shape != (2, 48) or out.device != dev)
+    problems += ["a gate got no gradient"] * (gates.grad is None or not bool((gates.grad != 0).all()))
+    problems += [f"growth changed the logits by {growth_error:.1e} (limit 1e-4)"] * (growth_error > 1e-4)
+    problems += ["grown parameters off the device or non-finite logits"] * (
+        not on_device or not bool(noisy.isfinite().all()))
+    if problems:
+        raise RuntimeError("; ".join(problems))
+    return (f"cache vs hard-gated forward max |dlogit| {error:.1e}, {held} bytes = theory; generate 8 tokens; "
+            f"gates' grads; Mixtral 2->4 layers, 4->16 experts: logits within {growth_error:.1e}")
+
+
 def guarded(check: str, setting: str, fn: Callable[[], str]) -> Row:
     """Run one check; any failure becomes a row with ok = no and its last error line."""
     start = time.perf_counter()
@@ -294,6 +366,7 @@ def settings(plan: Plan) -> dict[str, str]:
         "kv_decode": f"tools/bench/kv_cache.py's model, fp32, {plan.device}" + ("" if plan.cuda else ", 1 thread")
                      + (" (reduced: L 128/512, batch 1, 4 steps)" if plan.reduced else "") + "; table kv_decode.md",
         "draws": f"every kind of seeded draw in framework/, generators on cpu and {plan.device}",
+        "hf": f"tiny transformers configs, fp32, {plan.device}; recipes at size=smoke, {dev}",
         "fsdp2": "char_lm smoke, strategy=fsdp2, bf16-mixed, " + (
             "1 GPU, nccl" if plan.cuda else "1 CPU rank over gloo (the CPU stand-in for 1 GPU over NCCL)"),
     }
@@ -314,7 +387,8 @@ def run_all(plan: Plan, args: argparse.Namespace) -> list[Row]:
     text, rows = settings(plan), {name: [] for name in CHECKS}
     if not plan.cuda:
         torch.set_num_threads(1)  # as tools/bench does: spinning threads on busy cores swamp these timings
-    for name, fn in (("newton_schulz", check_newton_schulz), ("kv_decode", check_kv_decode), ("draws", check_draws)):
+    for name, fn in (("newton_schulz", check_newton_schulz), ("kv_decode", check_kv_decode), ("draws", check_draws),
+                     ("hf", check_hf)):
         if name in args.checks:
             rows[name].append(guarded(name, text[name], lambda fn=fn: fn(plan)))
     if plan.cuda and torch.cuda.is_available():
@@ -332,6 +406,9 @@ def run_all(plan: Plan, args: argparse.Namespace) -> list[Row]:
         backend = f"distributed_backend={'nccl' if plan.cuda else 'gloo'}"
         jobs.append(("fsdp2", "fsdp2", lambda: train_check(
             "fsdp2", ["recipe=char_lm", "trainer.strategy=fsdp2"], plan, backend) + f", {backend}"))
+    if "hf" in args.checks:
+        hf = list(HF_RECIPES.items())[: 1 if plan.reduced else None]
+        jobs += [("hf", f"hf/{n}", lambda n=n, o=o, m=m: train_check(n, o, plan, metric=m)) for n, (o, m) in hf]
     with ThreadPoolExecutor(max_workers=plan.jobs) as pool:
         futures = [(kind, pool.submit(guarded, check, text[kind], fn)) for kind, check, fn in jobs]
         for kind, future in futures:
