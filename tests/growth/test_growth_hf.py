@@ -123,7 +123,7 @@ def test_stack_with_the_first_and_last_layers_kept_once_renumbers_and_lists_dens
     assert model.config.layer_types == ["full_attention"] * 4
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_the_saved_grown_model_opens_in_transformers_with_bitwise_equal_logits(family, tmp_path):
     ours = HFCausalLM(config=config(family)).eval()
     grow(ours, depth_factor=2, width_factor=2, zero_init_copies=True, seed=1)
@@ -150,7 +150,7 @@ def _lm(family: str) -> CausalLM:
     return CausalLM(HFCausalLM(config=config(family)), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_a_run_grown_by_the_callback_resumes_from_a_post_growth_checkpoint_bitwise(family, tmp_path):
     event = dict(at_step=2, depth_factor=2, width_factor=2, optimizer_state="duplicate", plot=False)
     full = _lm(family)
