@@ -7,13 +7,15 @@ any Llama / Qwen / Mistral / Mixtral checkpoint). The allocation comes from `--p
 default from MODEL's own repo (a probe run pushed with its model). At sparsity s the allocation's top (1 − s) of the
 KV heads keep every position; the others keep the window: `--window SINK RECENT`, else the allocation's. The prompt
 is `--prompt TEXT` (through the model's tokenizer) or `--ids "3 17 ..."` (token ids, for a model without one).
-Prints the new tokens (and their text), and the bytes the cache holds beside the full cache's.
+It decodes on `--device` (default `auto`: the GPU where there is one, else the CPU) in `--dtype` (default float32;
+bfloat16 or float16 halve the cache). Prints the new tokens (and their text), and the bytes the cache holds beside
+the full cache's.
 
     python -m framework.kv_generate local-user/chase-llama-rlkv --sparsity 0.5 --ids "2 7 21 9 30 ..." -n 9
 
 Exit codes: 0 done; 2 refused input (an allocation of another shape than the model's layers × KV heads, a sparsity
 outside [0, 1], a window not shorter than the context, a model outside transformers' attention interface, an
-unknown model or pattern); 1 the Hub failed.
+unknown model or pattern, a device this machine does not have); 1 the Hub failed.
 """
 
 from __future__ import annotations
@@ -39,7 +41,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     what.add_argument("--ids", help="space-separated token ids")
     parser.add_argument("-n", "--max-new-tokens", type=int, default=32)
     parser.add_argument("--revision", default=None)
+    parser.add_argument("--device", default="auto", help="auto (the GPU where there is one, else the CPU), cpu, "
+                        "cuda, cuda:N, ...")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     return parser.parse_args(argv)
+
+
+def pick_device(name: str) -> torch.device:
+    """`auto`: CUDA where torch sees a GPU, else the CPU; any other name must be a device this machine has."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a device name; valid: auto, cpu, cuda, cuda:N, mps") from None
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise ValueError(f"--device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s); use "
+                         "--device cpu, or auto")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {name!r}: MPS is not available here; use --device cpu, or auto")
+    return device
 
 
 def check_context(window: tuple[int, int], context: int) -> None:
@@ -58,7 +79,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens={args.max_new_tokens} must be >= 1")
-    model = HFCausalLM(name_or_path=args.model, revision=args.revision, attn_implementation=None).eval()
+    device = pick_device(args.device)
+    model = HFCausalLM(name_or_path=args.model, revision=args.revision, dtype=args.dtype,
+                       attn_implementation=None).eval().to(device)
     model.gate_shape  # noqa: B018 - refuses a model outside the attention interface, by name
     alloc = HeadAllocation.from_pretrained(args.pattern or args.model, None if args.pattern else args.revision)
     alloc.check_model(model)
@@ -79,7 +102,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"the prompt's token ids {ids[:8]}... must be non-empty and lie in 0..{model.vocab_size - 1}")
     context = len(ids) + args.max_new_tokens
     check_context(window, context)
-    prompt = torch.tensor([ids])
+    prompt = torch.tensor([ids], device=device)
     cache = model.mixed_cache(full, window, capacity=context)
     with torch.no_grad():
         out = model.hf.generate(prompt, max_new_tokens=args.max_new_tokens, do_sample=False, cache=cache,
@@ -94,8 +117,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"text: {tokenizer.decode(new)!r}")
     print(f"kv cache: {held:,} bytes held for {cache.get_seq_length()} positions, the full cache {full_bytes:,} "
           f"({held / full_bytes:.3f} of it); {int(full.sum())} of {full.numel()} KV heads full at s={sparsity:g}, "
-          f"window {window}")
-    return {"tokens": new, "bytes": held, "full_bytes": full_bytes}
+          f"window {window}, {args.dtype} on {device}")
+    return {"tokens": new, "bytes": held, "full_bytes": full_bytes, "device": str(device)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -34,7 +34,21 @@ def test_it_decodes_and_reports_the_bytes_held(llama, capsys):
     folder, root = llama
     assert main([str(folder), "--pattern", str(root / "fits"), "--ids", "5 6 7 8 9 10 11 12", "-n", "6"]) == 0
     out = capsys.readouterr().out
-    assert "2 of 4 KV heads full at s=0.5, window (1, 4)" in out and out.startswith("tokens: [")
+    assert "2 of 4 KV heads full at s=0.5, window (1, 4), float32 on " in out and out.startswith("tokens: [")
+
+
+def test_device_and_dtype_choose_where_and_in_what_the_cache_is_held(llama, capsys):
+    """`--device auto` is the GPU where torch sees one, else the CPU; `--dtype bfloat16` holds half the bytes."""
+    from framework.kv_generate import parse_args, run
+
+    folder, root = llama
+    argv = [str(folder), "--pattern", str(root / "fits"), "--ids", "5 6 7 8 9 10 11 12", "-n", "6"]
+    auto = run(parse_args(argv))
+    assert auto["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
+    fp32, bf16 = (run(parse_args([*argv, "--device", "cpu", "--dtype", d])) for d in ("float32", "bfloat16"))
+    assert fp32["device"] == "cpu" and bf16["bytes"] * 2 == fp32["bytes"] and bf16["full_bytes"] * 2 == fp32[
+        "full_bytes"]
+    assert "bfloat16 on cpu" in capsys.readouterr().out
 
 
 def test_bad_input_is_one_error_line_exit_2(llama, capsys, tmp_path):
@@ -46,6 +60,11 @@ def test_bad_input_is_one_error_line_exit_2(llama, capsys, tmp_path):
     assert "sparsity=1.5 must lie in [0, 1]" in err
     err = _refused([str(folder), "--pattern", str(root / "fits"), "--window", "4", "16", *ids], capsys)
     assert "window sink=4 + recent=16 = 20 is not shorter than the context of 14 tokens" in err
+    err = _refused([str(folder), "--pattern", str(root / "fits"), "--device", "gpu0", *ids], capsys)
+    assert err == "error: --device 'gpu0' is not a device name; valid: auto, cpu, cuda, cuda:N, mps"
+    missing = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU: none on a CPU machine
+    err = _refused([str(folder), "--pattern", str(root / "fits"), "--device", missing, *ids], capsys)
+    assert f"--device '{missing}': this machine has {torch.cuda.device_count()} CUDA device(s)" in err
     neo = tmp_path / "neo"
     from transformers import AutoConfig, AutoModelForCausalLM
 
