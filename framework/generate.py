@@ -9,7 +9,10 @@ prompt is a gap filled by MDLM's `ddpm_cache` sampler; the rest of the prompt is
     python -m framework.generate outputs/train/2026-12-02_10-00-00 --prompt "The return value" --length 64
     python -m framework.generate RUN_DIR --infill --prompt "def ________(self, key):"
 
-Exit codes: 0 done, 2 refused input (unknown source, causal model, prompt too long), 1 the Hub failed.
+It runs on `--device` (default `auto`: the GPU where there is one, else the CPU).
+
+Exit codes: 0 done, 2 refused input (unknown source, causal model, prompt too long, a device this machine lacks), 1
+the Hub failed.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from framework.devices import pick_device
 from framework.diffusion.sampling import REMASKING, ddpm_cache_sample, generate
 from framework.errors import run_cli
 from framework.rundir import SOURCES, Build, RunDir, resolve_source
@@ -171,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--infill", action="store_true", help="fill [MASK] / ___ gaps with the ddpm_cache sampler")
     parser.add_argument("--ema", action="store_true", help="use the run's EMA weights (run dir or .ckpt only)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--device", default="auto", help="auto (the GPU where there is one, else the CPU), cpu, "
+                        "cuda, cuda:N, ...")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -179,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _generate(args: argparse.Namespace, length: int) -> None:
+    device = pick_device(args.device)
     model, mask_id = load_generator(args.source, ema=args.ema)
+    model = model.to(device)  # the sampler draws from a CPU generator: a seed gives the same draws on every device
     text = generate_text(model, args.prompt, length, args.steps, args.block_length, args.temperature,
                          mask_id=mask_id, remasking=args.remasking, infill=args.infill, seed=args.seed)
     if hasattr(sys.stdout, "reconfigure"):

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from framework.devices import pick_device
 from framework.errors import run_cli
 
 
@@ -45,22 +46,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "cuda, cuda:N, ...")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     return parser.parse_args(argv)
-
-
-def pick_device(name: str) -> torch.device:
-    """`auto`: CUDA where torch sees a GPU, else the CPU; any other name must be a device this machine has."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"--device {name!r} is not a device name; valid: auto, cpu, cuda, cuda:N, mps") from None
-    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
-        raise ValueError(f"--device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s); use "
-                         "--device cpu, or auto")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"--device {name!r}: MPS is not available here; use --device cpu, or auto")
-    return device
 
 
 def check_context(window: tuple[int, int], context: int) -> None:

@@ -59,6 +59,18 @@ def test_infill_keeps_every_given_byte_and_fills_every_gap(run_dir, capsys):
     assert out.startswith("def ") and out.endswith("(self):")
 
 
+def test_device_auto_and_cpu_give_the_same_text_where_auto_is_the_cpu(run_dir, capsys):
+    """`--device` (default auto: the GPU where torch sees one) moves the model; the draws come from a CPU generator."""
+    args = [str(run_dir), "--prompt", "Hi", "--length", "8", "--steps", "8", "--temperature", "1.0", "--seed", "3"]
+    texts = []
+    for device in ("auto", "cpu"):
+        assert main([*args, "--device", device]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0].startswith("Hi") and len(texts[0].encode()) >= 2
+    if not torch.cuda.is_available():
+        assert texts[0] == texts[1]
+
+
 def test_ema_weights_are_loaded_on_request(run_dir):
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     model, _ = load_generator(str(run_dir / "checkpoints" / "last.ckpt"), ema=True)
@@ -73,7 +85,8 @@ def _fake_run(where, **config):
     return str(where)
 
 
-@pytest.mark.parametrize("case", ["missing_path", "not_a_repo_id", "causal", "not_bytes", "too_long", "no_gap"])
+@pytest.mark.parametrize("case", ["missing_path", "not_a_repo_id", "causal", "not_bytes", "too_long", "no_gap",
+                                  "no_such_device"])
 def test_bad_input_exits_2_with_one_clear_error(run_dir, tmp_path, capsys, case):
     args, expected = {
         "missing_path": ([str(tmp_path / "no" / "such_run"), "--prompt", "x"], "unknown source"),
@@ -83,6 +96,8 @@ def test_bad_input_exits_2_with_one_clear_error(run_dir, tmp_path, capsys, case)
                       "vocab_size=18"),
         "too_long": ([str(run_dir), "--prompt", "x" * 90, "--length", "16"], "more than the model's max_seq_len=96"),
         "no_gap": ([str(run_dir), "--prompt", "no gaps here", "--infill"], "found no gap"),
+        "no_such_device": ([str(run_dir), "--prompt", "x", "--device", f"cuda:{torch.cuda.device_count()}"],
+                           f"this machine has {torch.cuda.device_count()} CUDA device(s)"),
     }[case]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()

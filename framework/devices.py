@@ -1,0 +1,21 @@
+"""The device a command-line tool runs a model on (`--device`): `auto` is the GPU where torch sees one."""
+
+from __future__ import annotations
+
+import torch
+
+
+def pick_device(name: str) -> torch.device:
+    """`auto`: CUDA where torch sees a GPU, else the CPU; any other name must be a device this machine has."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a device name; valid: auto, cpu, cuda, cuda:N, mps") from None
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise ValueError(f"--device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s); use "
+                         "--device cpu, or auto")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {name!r}: MPS is not available here; use --device cpu, or auto")
+    return device
