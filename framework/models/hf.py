@@ -257,9 +257,7 @@ class HFCausalLM(HFLanguageModel):
                     raise ValueError(f"gates of shape {tuple(gates.shape)} do not fit: expected (layers, kv_heads) = "
                                      f"{shape}")
                 kwargs.update(rlkv_gates=gates, rlkv_window=check_window(window))
-            if cache is not None:
-                if key_padding_mask is not None and not bool(key_padding_mask.all()):
-                    raise ValueError("the mixed KV cache takes equal-length rows (no padding) in one batch")
+            if cache is not None:  # a padded prompt: left padding only (framework.models.hf_attention.left_padding)
                 kwargs[cache_argument(self.hf)] = cache
         mask = None if key_padding_mask is None else key_padding_mask.long()
         return target(input_ids=idx, attention_mask=mask, **kwargs)

@@ -16,7 +16,8 @@ interface: no `forward` method is replaced.
   and attends there.
 
 A model whose attention does not go through the interface (`_supports_attention_backend` False) is refused by name.
-Prompts in one batch must have equal lengths (no padding): the streaming heads' positions are the cache's.
+Prompts of different lengths go in one batch left-padded (with their attention mask): each row keeps its own sink and
+recent window, counted from its first token.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def rlkv_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
     if layer is not None:
         if scaling is not None and not math.isclose(scaling, query.shape[-1] ** -0.5, rel_tol=1e-6):
             query = query * (scaling * math.sqrt(query.shape[-1]))  # the cache attends with SDPA's default scale
-        return layer.attend(query, key, value).transpose(1, 2).contiguous(), None
+        pads = left_padding(attention_mask) if layer.length == 0 and query.shape[2] > 1 else None
+        return layer.attend(query, key, value, pads=pads).transpose(1, 2).contiguous(), None
     full, _ = _sdpa()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     if gates is None:
         return full, None
@@ -61,6 +63,21 @@ def rlkv_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
     heads, kv_heads = query.shape[1], key.shape[1]
     alpha = gates[module.layer_idx].to(full.dtype).repeat_interleave(heads // kv_heads)[None, None, :, None]
     return alpha * full + (1 - alpha) * streamed, None
+
+
+def left_padding(mask: Tensor | None) -> Tensor | None:
+    """Each row's left padding, (batch,), read from the prompt's attention mask (transformers' 4-D sdpa mask of an
+    empty cache: a position is padding where it may not attend to itself, so a sliding window does not count);
+    None without a mask. ValueError for padding that is not a prefix of its row (right padding)."""
+    if mask is None or mask.dim() != 4:
+        return None
+    own = mask[:, 0].diagonal(dim1=-2, dim2=-1)
+    own = own if own.dtype == torch.bool else own == 0  # an additive float mask: 0 where attending is allowed
+    pads = (~own).sum(-1)
+    if not torch.equal(own, torch.arange(own.shape[-1], device=own.device) >= pads[:, None]):
+        raise ValueError("the mixed KV cache takes left-padded prompts (padding before each row's tokens, as "
+                         "tokenizer.padding_side='left' gives); this batch has padding after or inside a row")
+    return pads
 
 
 def _register() -> None:
@@ -170,4 +187,5 @@ def cache_nbytes(cache: Any) -> int:
     return sum(layer.kv.nbytes() for layer in cache.layers)
 
 
-__all__ = ["NAME", "attention_shape", "cache_nbytes", "mixed_kv_cache", "rlkv_attention", "use_rlkv_attention"]
+__all__ = ["NAME", "attention_shape", "cache_nbytes", "left_padding", "mixed_kv_cache", "rlkv_attention",
+           "use_rlkv_attention"]

@@ -31,6 +31,10 @@ class LayerKVCache:
     and gets one attention call. Full heads write into a static (batch, full heads, capacity, head_dim) buffer,
     compressed heads into a static (batch, compressed heads, sink + recent, head_dim) ring; a one-token step writes
     its keys/values in place and allocates no cache memory (the full buffer grows only past `capacity`).
+
+    Left-padded prompts (`attend(..., pads=)` on the first call: row r's first `pads[r]` positions are padding): the
+    full heads mask each row's padding; the compressed heads count positions from each row's first token, so a row
+    keeps its own sink and recent window, as it would alone. After a padded prompt the cache takes one token a call.
     """
 
     #: new positions per attention call when compressed heads take several at once (a prompt): bounds the mask and
@@ -59,6 +63,7 @@ class LayerKVCache:
         self.v_full: Tensor | None = None
         self.k_stream: Tensor | None = None  # (batch, compressed heads, sink + recent, head_dim)
         self.v_stream: Tensor | None = None
+        self.pads: Tensor | None = None  # (batch,) left padding of each row; None: no row is padded
 
     @property
     def slot_pos(self) -> Tensor:
@@ -76,8 +81,16 @@ class LayerKVCache:
             self.kv_order, self.q_order, self.q_restore = (
                 x.to(device) for x in (self.kv_order, self.q_order, self.q_restore))
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Store the new keys/values (batch, kv_heads, t, d) and return attention outputs (batch, heads, t, d)."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, pads: Tensor | None = None) -> Tensor:
+        """Store the new keys/values (batch, kv_heads, t, d) and return attention outputs (batch, heads, t, d).
+        `pads` (batch,), with the prompt only: each row's left padding."""
+        if pads is not None:
+            if self.length or q.shape[2] < 2:
+                raise ValueError("left padding (pads=) comes with the prompt, the first call on an empty cache")
+            self.pads = pads.to(q.device) if bool(pads.any()) else None
+        elif self.pads is not None and q.shape[2] > 1:
+            raise ValueError("after a left-padded prompt the mixed KV cache takes one token per call; give the whole "
+                             "prompt in the first call")
         if self.permuted:  # one gather each puts the full heads first: both groups become slices
             self._on(q.device)
             q = q.index_select(1, self.q_order)
@@ -112,11 +125,76 @@ class LayerKVCache:
         self._reserve_full(k, v, end)
         self.k_full.narrow(2, start, t).copy_(k)
         self.v_full.narrow(2, start, t).copy_(v)
+        if self.pads is not None:
+            return self._attend_full_padded(q, end)
         causal = t > 1 and start == 0  # a prompt into an empty cache: no (t, t) mask is built
         mask = None if t == 1 or causal else torch.ones(t, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
         return F.scaled_dot_product_attention(
             q, self.k_full.narrow(2, 0, end), self.v_full.narrow(2, 0, end), attn_mask=mask, is_causal=causal,
             enable_gqa=self.group > 1)
+
+    def _attend_full_padded(self, q: Tensor, end: int) -> Tensor:
+        """Full heads of a left-padded batch (keys already stored): a row's padding is never attended to, except by
+        the padding's own queries, which attend to themselves (their outputs are never used; a query with no key
+        would give NaNs that reach real tokens through zero weights). The prompt goes in chunks of queries."""
+        t, device = q.shape[2], q.device
+        pad = self.pads[:, None, None, None]
+        keys, values = self.k_full.narrow(2, 0, end), self.v_full.narrow(2, 0, end)
+        if t == 1:
+            mask = torch.arange(end, device=device) >= pad
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.group > 1)
+        outs = []
+        for a in range(0, t, self.prefill_chunk):
+            b = min(t, a + self.prefill_chunk)
+            query, key = torch.arange(a, b, device=device)[:, None], torch.arange(b, device=device)
+            mask = (key <= query) & ((key >= pad) | (key == query))
+            outs.append(F.scaled_dot_product_attention(q[:, :, a:b], keys[:, :, :b], values[:, :, :b], attn_mask=mask,
+                                                       enable_gqa=self.group > 1))
+        return torch.cat(outs, dim=2)
+
+    def _row_slot_pos(self, last: Tensor) -> Tensor:
+        """`slot_pos` per row of a padded batch, (batch, sink + recent): `last` (batch, 1) is each row's last
+        position counted from its first token."""
+        device = last.device
+        sink = torch.arange(self.sink, device=device)[None]
+        recent = self.sink + torch.arange(self.recent, device=device)[None]
+        recent = recent + self.recent * torch.div(last - recent, self.recent, rounding_mode="floor")
+        return torch.cat([sink.masked_fill(sink > last, -1), recent.masked_fill(recent < self.sink, -1)], dim=1)
+
+    def _attend_stream_padded(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Compressed heads of a left-padded batch: each row's ring holds its own positions, counted from its first
+        token (a prompt of one call, then one token a call)."""
+        start, t, device = self.length, q.shape[2], q.device
+        if t == 1:
+            real = start - self.pads  # (batch,): this token's position in its row
+            slot = torch.where(real < self.sink, real, self.sink + (real - self.sink) % self.recent)
+            for buffer, new in ((self.k_stream, k), (self.v_stream, v)):
+                buffer.scatter_(2, slot.view(-1, 1, 1, 1).expand(-1, new.shape[1], 1, new.shape[3]), new)
+            held = self._row_slot_pos(real[:, None]) >= 0  # every entry held is in its row's window
+            return F.scaled_dot_product_attention(q, self.k_stream, self.v_stream, attn_mask=held[:, None, None, :],
+                                                  enable_gqa=self.group > 1)
+        pad = self.pads[:, None, None, None]
+        outs, first = [], int(self.pads.max()) + self.sink  # past it no row has a sink position
+        for a in range(0, t, self.prefill_chunk):
+            b = min(t, a + self.prefill_chunk)
+            lo = max(0, a - self.recent + 1) if self.prefill == "streaming" else 0
+            ends = min(first, lo)  # keys before `lo` that may be a row's sink
+            key = torch.cat([torch.arange(ends, device=device), torch.arange(lo, b, device=device)])
+            query = torch.arange(a, b, device=device)[:, None]
+            mask = (key <= query) & (key >= pad)
+            if self.prefill == "streaming":
+                mask &= (key - pad < self.sink) | (query - key < self.recent)
+            mask |= key == query  # a padding query attends to itself (see _attend_full_padded)
+            keys = torch.cat([k[:, :, :ends], k[:, :, lo:b]], dim=2)
+            values = torch.cat([v[:, :, :ends], v[:, :, lo:b]], dim=2)
+            outs.append(F.scaled_dot_product_attention(q[:, :, a:b], keys, values, attn_mask=mask,
+                                                       enable_gqa=self.group > 1))
+        for row, pad_r in enumerate(self.pads.tolist()):  # each row's sink and last `recent` tokens, in its ring
+            real = torch.arange(t - pad_r, device=device)
+            keep = (real < self.sink) | (real >= t - pad_r - self.recent)
+            for buffer, new in ((self.k_stream, k), (self.v_stream, v)):
+                buffer[row].index_copy_(1, self._slots(real[keep]), new[row, :, pad_r:][:, keep])
+        return torch.cat(outs, dim=2)
 
     def _slots(self, positions: Tensor) -> Tensor:
         return torch.where(positions < self.sink, positions, self.sink + (positions - self.sink) % self.recent)
@@ -126,6 +204,8 @@ class LayerKVCache:
         size = self.sink + self.recent
         if self.k_stream is None:
             self.k_stream, self.v_stream = (x.new_zeros(x.shape[0], x.shape[1], size, x.shape[3]) for x in (k, v))
+        if self.pads is not None:
+            return self._attend_stream_padded(q, k, v)
         if t == 1:  # decoding: after the in-place write, every held entry is within the sink or the recent window
             slot = start if start < self.sink else self.sink + (start - self.sink) % self.recent
             self.k_stream.narrow(2, slot, 1).copy_(k)
@@ -173,7 +253,7 @@ class LayerKVCache:
         if self.length:
             raise ValueError(f"preload needs an empty cache; this one holds {self.length} positions")
         t = k.shape[2]
-        self.k_full = self.v_full = self.k_stream = self.v_stream = None
+        self.k_full = self.v_full = self.k_stream = self.v_stream = self.pads = None
         if self.n_full:
             full_idx = self.full_idx.to(k.device)
             k_full, v_full = k[:, full_idx], v[:, full_idx]

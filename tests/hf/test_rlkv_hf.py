@@ -10,6 +10,7 @@ import os
 
 import pytest
 import torch
+from helpers import assert_greedy_up_to_rounding
 from hf_models import CAUSAL_FAMILIES, save_model
 from support import warm_cli
 
@@ -125,6 +126,71 @@ def test_under_bf16_autocast_the_cache_keeps_keys_and_values_in_the_dtypes_hf_ca
     assert cache_nbytes(cache) == (2 * 20 + 2 * sum(WINDOW)) * 2 * _head_dim(model) * sizes  # 2 layers x 1 full
     # the same bf16 computations as the no-cache forward, in another order: apart by bf16 rounding only
     assert (cached.float() - reference.float()).abs().max() <= 0.05 * reference.float().abs().max()
+
+
+def _left_padded(lengths: list[int], seed: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """Rows of the given lengths, left-padded with id 0 to the longest: (rows, ids, attention mask)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(3, 96, (n,), generator=g) for n in lengths]
+    ids, mask = torch.zeros(len(rows), max(lengths), dtype=torch.long), torch.zeros(len(rows), max(lengths), dtype=bool)
+    for r, row in enumerate(rows):
+        ids[r, ids.shape[1] - len(row):], mask[r, ids.shape[1] - len(row):] = row, True
+    return rows, ids, mask
+
+
+@pytest.mark.parametrize(("family", "window", "prefill", "chunk"), [
+    ("llama", (1, 4), "streaming", 1024), ("qwen3", (2, 3), "streaming", 4), ("mixtral", (0, 5), "full", 1024),
+    ("llama", (4, 16), "streaming", 5),
+])
+def test_a_left_padded_batch_gives_each_row_what_it_gives_alone(family, window, prefill, chunk, monkeypatch):
+    """Rows of 12, 7 and 3 tokens in one left-padded batch (the 3-token row shorter than the window), then 10
+    one-token steps: every row's logits are its logits decoded alone, and (streaming prefill) the hard-gated
+    model's without a cache: each row keeps its own sink and recent window, counted from its first token. Chunked
+    prompts (`prefill_chunk` 4 and 5) give the same."""
+    from framework.probes.kv_cache import LayerKVCache
+
+    monkeypatch.setattr(LayerKVCache, "prefill_chunk", chunk)
+    model = _model(family)
+    full = torch.tensor([[True, False], [False, True]])
+    rows, ids, mask = _left_padded([12, 7, 3], seed=5)
+    steps = torch.randint(3, 96, (3, 10), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        cache = model.mixed_cache(full, window, capacity=22, prefill=prefill)
+        logits = [model(ids, key_padding_mask=mask, cache=cache)]
+        for s in range(10):
+            mask = torch.cat([mask, torch.ones(3, 1, dtype=torch.bool)], dim=1)
+            logits.append(model(steps[:, s : s + 1], key_padding_mask=mask, cache=cache))
+        batched = torch.cat(logits, dim=1)
+        for r, row in enumerate(rows):
+            alone_cache = model.mixed_cache(full, window, capacity=len(row) + 10, prefill=prefill)
+            alone = torch.cat([model(row[None], cache=alone_cache)]
+                              + [model(steps[r : r + 1, s : s + 1], cache=alone_cache) for s in range(10)], dim=1)
+            mine = batched[r : r + 1, ids.shape[1] - len(row):]
+            scale = alone.abs().max()
+            assert (mine - alone).abs().max() <= 1e-5 * scale  # the same sums in other kernels: rounding apart
+            if prefill == "streaming":
+                gated = model(torch.cat([row, steps[r]])[None], gates=full.float(), window=window)
+                assert (mine - gated).abs().max() <= 1e-5 * scale
+    assert bool(batched.isfinite().all())
+
+
+def test_generate_decodes_a_left_padded_batch_and_refuses_right_padding():
+    model = _model("qwen2")
+    full = torch.tensor([[False, True], [False, False]])
+    rows, ids, mask = _left_padded([10, 4], seed=7)
+    with torch.no_grad():
+        cache = model.mixed_cache(full, WINDOW, capacity=18)
+        out = model.hf.generate(ids, attention_mask=mask.long(), max_new_tokens=8, min_new_tokens=8,
+                                do_sample=False, cache=cache, pad_token_id=0)
+    for r, row in enumerate(rows):  # each row's greedy tokens are the hard-gated model's for that row alone
+        assert_greedy_up_to_rounding(model, row[None], out[r : r + 1, 10:], gates=full.float(), window=WINDOW)
+    right = mask.flip(1)
+    with pytest.raises(ValueError, match="the mixed KV cache takes left-padded prompts"):
+        model(ids.flip(1), key_padding_mask=right, cache=model.mixed_cache(full, WINDOW))
+    cache = model.mixed_cache(full, WINDOW)
+    model(ids, key_padding_mask=mask, cache=cache)
+    with pytest.raises(ValueError, match="after a left-padded prompt the mixed KV cache takes one token per call"):
+        model(ids[:, :2], key_padding_mask=torch.ones(2, 12, dtype=torch.bool), cache=cache)
 
 
 def test_a_model_outside_the_attention_interface_and_a_wrong_pattern_shape_are_refused():
