@@ -288,8 +288,9 @@ def check_draws(plan: Plan) -> str:
 
 def check_hf(plan: Plan) -> str:
     """transformers models on the device: the mixed KV cache (a prompt in three chunks, then one-token steps) against
-    the hard-gated forward without a cache, inside generate(), with its bytes; a gated backward; a Mixtral grown in
-    depth (zero-initialised copies) and width (noise drawn on the CPU) in place, keeping its function."""
+    the hard-gated forward without a cache, with its bytes; a left-padded row against itself alone; generate(); a
+    gated backward; a Mixtral grown in depth (zero-initialised copies) and width (noise drawn on the CPU) in place,
+    keeping its function."""
     from framework.grow.hf import grow_hf
     from framework.models.hf import HFCausalLM, cache_argument
     from framework.models.hf_attention import cache_nbytes
@@ -307,6 +308,13 @@ def check_hf(plan: Plan) -> str:
         reference = model(seq, gates=full.float().to(dev), window=window)
     error = (torch.cat(parts, dim=1) - reference).abs().max().item()
     held, theory = cache_nbytes(cache), (2 * 56 + 2 * sum(window)) * 2 * 2 * 16 * 4  # fp32 K and V, batch 2
+    with torch.no_grad():  # a left-padded batch: the 25-token row as it is alone
+        padded, mask = seq[:, :40].clone(), torch.ones(2, 40, dtype=torch.bool, device=dev)
+        padded[1, :15], mask[1, :15] = 0, False
+        batch_cache, alone_cache = model.mixed_cache(full, window), model.mixed_cache(full, window)
+        both = model(padded, key_padding_mask=mask, cache=batch_cache)[1, 15:]
+        alone = model(seq[1:, 15:40], cache=alone_cache)[0]
+    pad_error = (both - alone).abs().max().item()
     generate_cache = model.mixed_cache(full, window, capacity=48)
     with torch.no_grad():
         out = model.hf.generate(seq[:, :40], max_new_tokens=8, min_new_tokens=8, do_sample=False,
@@ -327,6 +335,7 @@ def check_hf(plan: Plan) -> str:
     growth_error = max((deep - before).abs().max().item(), (wide - before).abs().max().item())
     on_device = {p.device.type for p in moe.parameters()} == {dev.type}
     problems = [f"mixed cache off by {error:.1e} (limit 1e-3)"] * (error > 1e-3)
+    problems += [f"a left-padded row off by {pad_error:.1e} from itself alone (limit 1e-3)"] * (pad_error > 1e-3)
     problems += [f"cache holds {held} bytes, theory {theory}"] * (held != theory)
     problems += [f"generate gave {tuple(out.shape)} on {out.device}"] * (out.shape != (2, 48) or out.device != dev)
     problems += ["a gate got no gradient"] * (gates.grad is None or not bool((gates.grad != 0).all()))
@@ -335,7 +344,8 @@ def check_hf(plan: Plan) -> str:
         not on_device or not bool(noisy.isfinite().all()))
     if problems:
         raise RuntimeError("; ".join(problems))
-    return (f"cache vs hard-gated forward max |dlogit| {error:.1e}, {held} bytes = theory; generate 8 tokens; "
+    return (f"cache vs hard-gated forward max |dlogit| {error:.1e}, {held} bytes = theory; left-padded row vs "
+            f"alone {pad_error:.1e}; generate 8 tokens; "
             f"gates' grads; Mixtral 2->4 layers, 4->16 experts: logits within {growth_error:.1e}")
 
 
