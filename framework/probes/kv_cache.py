@@ -15,12 +15,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from framework.models.transformer import check_window
+from framework.probes.kv_padding import PaddedRows
 from framework.rng import to_generator
 
 PREFILL_POLICIES = ("streaming", "full")
 
 
-class LayerKVCache:
+class LayerKVCache(PaddedRows):
     """One layer's cache. `full` (kv_heads,) bool marks the heads that keep everything.
 
     `prefill="streaming"`: compressed heads see only sink + recent keys from the first token on (what the masked
@@ -132,69 +133,6 @@ class LayerKVCache:
         return F.scaled_dot_product_attention(
             q, self.k_full.narrow(2, 0, end), self.v_full.narrow(2, 0, end), attn_mask=mask, is_causal=causal,
             enable_gqa=self.group > 1)
-
-    def _attend_full_padded(self, q: Tensor, end: int) -> Tensor:
-        """Full heads of a left-padded batch (keys already stored): a row's padding is never attended to, except by
-        the padding's own queries, which attend to themselves (their outputs are never used; a query with no key
-        would give NaNs that reach real tokens through zero weights). The prompt goes in chunks of queries."""
-        t, device = q.shape[2], q.device
-        pad = self.pads[:, None, None, None]
-        keys, values = self.k_full.narrow(2, 0, end), self.v_full.narrow(2, 0, end)
-        if t == 1:
-            mask = torch.arange(end, device=device) >= pad
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.group > 1)
-        outs = []
-        for a in range(0, t, self.prefill_chunk):
-            b = min(t, a + self.prefill_chunk)
-            query, key = torch.arange(a, b, device=device)[:, None], torch.arange(b, device=device)
-            mask = (key <= query) & ((key >= pad) | (key == query))
-            outs.append(F.scaled_dot_product_attention(q[:, :, a:b], keys[:, :, :b], values[:, :, :b], attn_mask=mask,
-                                                       enable_gqa=self.group > 1))
-        return torch.cat(outs, dim=2)
-
-    def _row_slot_pos(self, last: Tensor) -> Tensor:
-        """`slot_pos` per row of a padded batch, (batch, sink + recent): `last` (batch, 1) is each row's last
-        position counted from its first token."""
-        device = last.device
-        sink = torch.arange(self.sink, device=device)[None]
-        recent = self.sink + torch.arange(self.recent, device=device)[None]
-        recent = recent + self.recent * torch.div(last - recent, self.recent, rounding_mode="floor")
-        return torch.cat([sink.masked_fill(sink > last, -1), recent.masked_fill(recent < self.sink, -1)], dim=1)
-
-    def _attend_stream_padded(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Compressed heads of a left-padded batch: each row's ring holds its own positions, counted from its first
-        token (a prompt of one call, then one token a call)."""
-        start, t, device = self.length, q.shape[2], q.device
-        if t == 1:
-            real = start - self.pads  # (batch,): this token's position in its row
-            slot = torch.where(real < self.sink, real, self.sink + (real - self.sink) % self.recent)
-            for buffer, new in ((self.k_stream, k), (self.v_stream, v)):
-                buffer.scatter_(2, slot.view(-1, 1, 1, 1).expand(-1, new.shape[1], 1, new.shape[3]), new)
-            held = self._row_slot_pos(real[:, None]) >= 0  # every entry held is in its row's window
-            return F.scaled_dot_product_attention(q, self.k_stream, self.v_stream, attn_mask=held[:, None, None, :],
-                                                  enable_gqa=self.group > 1)
-        pad = self.pads[:, None, None, None]
-        outs, first = [], int(self.pads.max()) + self.sink  # past it no row has a sink position
-        for a in range(0, t, self.prefill_chunk):
-            b = min(t, a + self.prefill_chunk)
-            lo = max(0, a - self.recent + 1) if self.prefill == "streaming" else 0
-            ends = min(first, lo)  # keys before `lo` that may be a row's sink
-            key = torch.cat([torch.arange(ends, device=device), torch.arange(lo, b, device=device)])
-            query = torch.arange(a, b, device=device)[:, None]
-            mask = (key <= query) & (key >= pad)
-            if self.prefill == "streaming":
-                mask &= (key - pad < self.sink) | (query - key < self.recent)
-            mask |= key == query  # a padding query attends to itself (see _attend_full_padded)
-            keys = torch.cat([k[:, :, :ends], k[:, :, lo:b]], dim=2)
-            values = torch.cat([v[:, :, :ends], v[:, :, lo:b]], dim=2)
-            outs.append(F.scaled_dot_product_attention(q[:, :, a:b], keys, values, attn_mask=mask,
-                                                       enable_gqa=self.group > 1))
-        for row, pad_r in enumerate(self.pads.tolist()):  # each row's sink and last `recent` tokens, in its ring
-            real = torch.arange(t - pad_r, device=device)
-            keep = (real < self.sink) | (real >= t - pad_r - self.recent)
-            for buffer, new in ((self.k_stream, k), (self.v_stream, v)):
-                buffer[row].index_copy_(1, self._slots(real[keep]), new[row, :, pad_r:][:, keep])
-        return torch.cat(outs, dim=2)
 
     def _slots(self, positions: Tensor) -> Tensor:
         return torch.where(positions < self.sink, positions, self.sink + (positions - self.sink) % self.recent)
