@@ -32,34 +32,42 @@ def _max_gap(a: dict, b: dict) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
+def _trained(folder, tmp_path, args: list[str], name: str) -> dict[str, torch.Tensor]:
+    code, err = finish(start_cli([*args, f"hydra.run.dir={tmp_path / name}"]))
+    assert code == 0, err[-3000:]
+    return _weights(tmp_path / name)
+
+
 @pytest.mark.ddp
-@pytest.mark.long
-@pytest.mark.parametrize("optimizer", [pytest.param("adamw", marks=pytest.mark.slow), "olion"])
-def test_ddp_and_fsdp2_on_an_hf_model_end_where_one_process_ends(folder, tmp_path, optimizer):
+@pytest.mark.slow  # `make test` runs OLion's DDP and FSDP2 below; this adds the one-process run beside DDP
+@pytest.mark.parametrize("optimizer", ["adamw", "olion"])
+def test_ddp_on_an_hf_model_ends_where_one_process_ends(folder, tmp_path, optimizer):
     """The data shards each global batch of 8 rows over the ranks (4 each): one process with batch 8 trains on the
-    same rows, and the trained models' losses agree within 1e-6 (AdamW: `make test-slow`, to keep `make test` in its
-    time). FSDP2 ends bitwise where DDP ends with OLion
-    (its round-robin Newton–Schulz on gathered matrices, its AdamW branch on the rest). OLion's one-process run
-    differs from DDP's by more: DDP averages two half-batch gradients, one process takes one mean, and the last-bit
-    difference flips the sign of a few near-zero NS entries (each a ±0.2·lr·scale step); measured 6e-6 in the loss
-    after 4 steps."""
+    same rows, and the trained models' losses agree within 1e-6 (AdamW). OLion's one-process run differs from DDP's
+    by more: DDP averages two half-batch gradients, one process takes one mean, and the last-bit difference flips
+    the sign of a few near-zero NS entries (each a ±0.2·lr·scale step); measured 6e-6 in the loss after 4 steps."""
     args = _args(folder, optimizer)
     one = start_cli([*args, "data.batch_size=8", "trainer.devices=1", f"hydra.run.dir={tmp_path / 'one'}"])
-    ddp = start_cli([*args, "data.batch_size=4", "trainer.devices=2", "trainer.strategy=ddp",
-                     f"hydra.run.dir={tmp_path / 'ddp'}"])
-    for proc in (one, ddp):
-        code, err = finish(proc)
-        assert code == 0, err[-3000:]
-    single, data_parallel = _weights(tmp_path / "one"), _weights(tmp_path / "ddp")
+    data_parallel = _trained(folder, tmp_path, [*args, "data.batch_size=4", "trainer.devices=2",
+                                                "trainer.strategy=ddp"], "ddp")
+    code, err = finish(one)
+    assert code == 0, err[-3000:]
+    single = _weights(tmp_path / "one")
     assert _max_gap(single, _weights_at_start(folder)) > 1e-3  # it trained
     loss_one, loss_ddp = _loss(folder, single), _loss(folder, data_parallel)
     assert abs(loss_one - loss_ddp) <= (1e-6 if optimizer == "adamw" else 1e-4), (loss_one, loss_ddp)
-    if optimizer == "olion":  # FSDP2 with OLion: its round-robin NS on gathered matrices, the harder case of the two
-        code, err = finish(start_cli([*args, "data.batch_size=4", "trainer.devices=2", "trainer.strategy=fsdp2",
-                                      f"hydra.run.dir={tmp_path / 'fsdp2'}"]))
-        assert code == 0, err[-3000:]
-        sharded = _weights(tmp_path / "fsdp2")
-        assert _loss(folder, sharded) == loss_ddp and _max_gap(data_parallel, sharded) == 0.0
+
+
+@pytest.mark.ddp
+@pytest.mark.long
+def test_fsdp2_on_an_hf_model_ends_bitwise_where_ddp_ends_with_olion(folder, tmp_path):
+    """FSDP2 (each decoder layer its own unit) with OLion, the harder case: its round-robin Newton–Schulz on gathered
+    matrices, its AdamW branch on the rest, ends bitwise where DDP ends."""
+    args = [*_args(folder, "olion"), "data.batch_size=4", "trainer.devices=2"]
+    data_parallel = _trained(folder, tmp_path, [*args, "trainer.strategy=ddp"], "ddp")
+    sharded = _trained(folder, tmp_path, [*args, "trainer.strategy=fsdp2"], "fsdp2")
+    assert _max_gap(data_parallel, _weights_at_start(folder)) > 1e-3  # it trained
+    assert _loss(folder, sharded) == _loss(folder, data_parallel) and _max_gap(data_parallel, sharded) == 0.0
 
 
 def _loss(folder, weights: dict[str, torch.Tensor]) -> float:
