@@ -28,6 +28,7 @@ import torch
 
 from framework.devices import pick_device
 from framework.errors import run_cli
+from framework.models.hf import DTYPES
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -44,7 +45,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--revision", default=None)
     parser.add_argument("--device", default="auto", help="auto (the GPU where there is one, else the CPU), cpu, "
                         "cuda, cuda:N, ...")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
     return parser.parse_args(argv)
 
 

@@ -207,13 +207,18 @@ def smoke_overrides(argv: list[str]) -> list[str]:
 def _takes(dotted: str, swapped: dict[str, str]) -> bool:
     """Whether the smoke value at `dotted` (`group.key...`) still applies: its group is the recipe's choice, or the
     new choice (one registered name) takes `key`."""
+    group, _, key = dotted.partition(".")
+    return group not in swapped or key.split(".", 1)[0] in (_keys_taken(group, [swapped[group]]) or set())
+
+
+def _keys_taken(group: str, choices: list[Any]) -> set[str] | None:
+    """The keys every one of `choices` (registered names of `group`) takes; None where the group is not a
+    registered one or a choice is not a registered name."""
     from framework.registry import GROUPS
 
-    group, _, key = dotted.partition(".")
-    key = key.split(".", 1)[0]
-    if group not in swapped:
-        return True
-    return group in GROUPS and swapped[group] in GROUPS[group] and key in _parameters(GROUPS[group].get(swapped[group]))
+    if group not in GROUPS or any(c is None or str(c) not in GROUPS[group] for c in choices):
+        return None
+    return set.intersection(*(set(_parameters(GROUPS[group].get(str(c)))) for c in choices))
 
 
 def size_overrides(name: str, size: str) -> list[str]:
@@ -244,7 +249,6 @@ def fit_to_choices(argv: list[str]) -> list[str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    from framework.registry import GROUPS
 
     args = [a for a in argv if "=" in a and not a.startswith("-")]
     try:
@@ -264,12 +268,9 @@ def fit_to_choices(argv: list[str]) -> list[str]:
         choices = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.value()]
         if group == "size":
             sizes += [str(c) for c in choices]
-        if group in ("recipe", "callbacks") or group not in GROUPS:
-            continue
-        if any(c is None or str(c) not in GROUPS[group] for c in choices):
-            continue
-        takes[group] = (",".join(map(str, choices)),
-                        set.intersection(*(set(_parameters(GROUPS[group].get(str(c)))) for c in choices)))
+        keys = None if group in ("recipe", "callbacks") else _keys_taken(group, choices)
+        if keys is not None:
+            takes[group] = (",".join(map(str, choices)), keys)
     notes = _fit(f"recipe/{name}", f"recipe {name}'s", takes)
     for size in sizes:
         if f"preset/{name}/{size}" in NODES and _stored(f"preset/{name}", size):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -84,10 +85,8 @@ def test_the_reduced_cpu_check_runs_its_in_process_checks_for_real_and_writes_th
 def test_the_hf_check_runs_transformers_models_on_the_device_it_is_given(tmp_path):
     """`make test`'s share of the `hf` row (its recipe runs are in the slow test above): in process, on the CPU."""
     pytest.importorskip("transformers")
-    sys.path.insert(0, str(REPO / "tools"))
-    try:
-        import gpu_check as tool
-    finally:
-        sys.path.remove(str(REPO / "tools"))
+    spec = importlib.util.spec_from_file_location("gpu_check_tool", REPO / "tools" / "gpu_check.py")
+    tool = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look their module up
+    spec.loader.exec_module(tool)  # as tests/test_bench_runner.py loads its tool
     result = tool.check_hf(tool.Plan("cpu", True, tmp_path, 60.0, 1, cuda=False))
     assert "bytes = theory" in result and "Mixtral 2->4 layers, 4->16 experts" in result

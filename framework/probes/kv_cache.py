@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from framework.models.transformer import check_window
-from framework.probes.kv_padding import PaddedRows
+from framework.probes.kv_padding import PaddedRows, ring_positions
 from framework.rng import to_generator
 
 PREFILL_POLICIES = ("streaming", "full")
@@ -68,13 +68,9 @@ class LayerKVCache(PaddedRows):
 
     @property
     def slot_pos(self) -> Tensor:
-        """The position each ring slot holds (-1: empty), (sink + recent,). Slot p < sink holds position p; slot
-        sink + r the last position p >= sink with (p - sink) % recent == r: a function of `length` alone."""
-        last = self.length - 1
-        sink = torch.arange(self.sink)
-        recent = self.sink + torch.arange(self.recent)
-        recent = recent + self.recent * torch.div(last - recent, self.recent, rounding_mode="floor")
-        return torch.cat([sink.masked_fill(sink > last, -1), recent.masked_fill(recent < self.sink, -1)])
+        """The position each ring slot holds (-1: empty), (sink + recent,): a function of `length` alone
+        (`framework.probes.kv_padding.ring_positions`)."""
+        return ring_positions(torch.tensor([[self.length - 1]]), self.sink, self.recent)[0]
 
     def _on(self, device: torch.device) -> None:
         """Keep the head orders on the device of the keys (index_select needs them there)."""
@@ -216,10 +212,9 @@ class LayerKVCache(PaddedRows):
 
     def nbytes(self) -> int:
         """Bytes of the keys and values held (not the buffers' spare capacity), each buffer at its own dtype."""
-        held = {"full": self.n_full * self.length, "stream": self.n_stream * min(self.length, self.sink + self.recent)}
-        return sum(held[kind] * x.shape[0] * x.shape[3] * x.element_size()
-                   for kind, x in (("full", self.k_full), ("full", self.v_full), ("stream", self.k_stream),
-                                   ("stream", self.v_stream)) if x is not None)
+        full, stream = self.n_full * self.length, self.n_stream * min(self.length, self.sink + self.recent)
+        buffers = ((full, self.k_full), (full, self.v_full), (stream, self.k_stream), (stream, self.v_stream))
+        return sum(n * x.shape[0] * x.shape[3] * x.element_size() for n, x in buffers if x is not None)
 
 
 class MixedKVCache:
@@ -241,7 +236,6 @@ class MixedKVCache:
             raise ValueError("a KV cache needs a causal model (causal=True)")
         self.sink, self.recent = check_window(window)
         self.full_heads = full_heads.bool().cpu()
-        self.head_dim = attn[0].head_dim
         self.layers = [LayerKVCache(self.full_heads[i], a.heads, self.sink, self.recent, capacity, prefill)
                        for i, a in enumerate(attn)]
         self.length = 0

@@ -17,6 +17,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+def ring_positions(last: Tensor, sink: int, recent: int) -> Tensor:
+    """The position each ring slot holds (-1: empty), (rows, sink + recent), after each row's position `last`
+    (rows, 1): slot p < sink holds position p; slot sink + r the last position p >= sink with (p - sink) % recent
+    == r. One row of it is `LayerKVCache.slot_pos`."""
+    device = last.device
+    sinks = torch.arange(sink, device=device)[None]
+    recents = sink + torch.arange(recent, device=device)[None]
+    recents = recents + recent * torch.div(last - recents, recent, rounding_mode="floor")
+    return torch.cat([sinks.masked_fill(sinks > last, -1), recents.masked_fill(recents < sink, -1)], dim=1)
+
+
 class PaddedRows:
     """The padded-batch paths of `LayerKVCache` (its state, below, and its `_slots`)."""
 
@@ -49,15 +60,6 @@ class PaddedRows:
                                                        enable_gqa=self.group > 1))
         return torch.cat(outs, dim=2)
 
-    def _row_slot_pos(self, last: Tensor) -> Tensor:
-        """`slot_pos` per row of a padded batch, (batch, sink + recent): `last` (batch, 1) is each row's last
-        position counted from its first token."""
-        device = last.device
-        sink = torch.arange(self.sink, device=device)[None]
-        recent = self.sink + torch.arange(self.recent, device=device)[None]
-        recent = recent + self.recent * torch.div(last - recent, self.recent, rounding_mode="floor")
-        return torch.cat([sink.masked_fill(sink > last, -1), recent.masked_fill(recent < self.sink, -1)], dim=1)
-
     def _attend_stream_padded(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Compressed heads of a left-padded batch: each row's ring holds its own positions, counted from its first
         token (a prompt of one call, then one token a call)."""
@@ -67,7 +69,7 @@ class PaddedRows:
             slot = torch.where(real < self.sink, real, self.sink + (real - self.sink) % self.recent)
             for buffer, new in ((self.k_stream, k), (self.v_stream, v)):
                 buffer.scatter_(2, slot.view(-1, 1, 1, 1).expand(-1, new.shape[1], 1, new.shape[3]), new)
-            held = self._row_slot_pos(real[:, None]) >= 0  # every entry held is in its row's window
+            held = ring_positions(real[:, None], self.sink, self.recent) >= 0  # all in the row's window
             return F.scaled_dot_product_attention(q, self.k_stream, self.v_stream, attn_mask=held[:, None, None, :],
                                                   enable_gqa=self.group > 1)
         pad = self.pads[:, None, None, None]
