@@ -37,7 +37,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tools" / "bench")]
 import kv_cache as bench  # noqa: E402  (tools/bench/kv_cache.py: its model, window and table)
 
 from framework.optim.newton_schulz import newton_schulz5  # noqa: E402
-from framework.probes.kv_cache import MixedKVCache, kv_fraction, theoretical_speedup  # noqa: E402
+from framework.serving.kv_cache import MixedKVCache, kv_fraction, theoretical_speedup  # noqa: E402
 
 CHECKS = ["recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2", "draws", "hf"]
 REDUCED_RECIPES = ["char_lm", "data_agent_digits"]
@@ -262,8 +262,8 @@ def check_draws(plan: Plan) -> str:
     from framework.grow.ops import noisy_copy
     from framework.losses.mask_agnostic import MaskAgnosticLoss
     from framework.losses.mdlm import mask_tokens, stratified_times
-    from framework.probes.kv_cache import _pick
     from framework.samplers.policies import gumbel_top_k
+    from framework.serving.kv_cache import _pick
 
     dev = torch.device(plan.device)
     tokens, logits = torch.randint(0, 9, (4, 16), device=dev), torch.randn(4, 32, device=dev)
@@ -293,7 +293,7 @@ def check_hf(plan: Plan) -> str:
     keeping its function."""
     from framework.grow.hf import grow_hf
     from framework.models.hf import HFCausalLM, cache_argument
-    from framework.models.hf_attention import cache_nbytes
+    from framework.serving.hf_attention import cache_nbytes
 
     dev, window = torch.device(plan.device), (1, 4)
     torch.manual_seed(0)

@@ -18,6 +18,7 @@ from einops import rearrange, repeat
 from torch import Tensor, nn
 
 from framework.models.base import RecordsConfig
+from framework.serving.attention import check_window, stream_mask
 
 
 def rotary_tables(seq_len: int, head_dim: int, base: float = 10000.0, device=None) -> tuple[Tensor, Tensor]:
@@ -34,32 +35,11 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out.to(x.dtype)
 
 
-def stream_mask(
-    t_q: int, t_k: int, sink: int, recent: int, offset: int = 0, device: torch.device | None = None
-) -> Tensor:
-    """Streaming (attention-sink + recent-window) causal mask (t_q, t_k): query i (at position offset + i) may
-    see key j iff j <= i and (j < sink or i - j < recent)."""
-    i = torch.arange(t_q, device=device)[:, None] + offset
-    j = torch.arange(t_k, device=device)[None, :]
-    return (j <= i) & ((j < sink) | (i - j < recent))
-
-
-def check_window(window: Any) -> tuple[int, int]:
-    """`window` as (sink, recent) ints; ValueError unless sink >= 0 and recent >= 1 (every row sees its own token)."""
-    try:
-        sink, recent = (int(w) for w in window)
-    except (TypeError, ValueError):
-        raise ValueError(f"window={window!r} must be a pair (sink, recent) of ints") from None
-    if sink < 0 or recent < 1:
-        raise ValueError(f"window=(sink={sink}, recent={recent}) needs sink >= 0 and recent >= 1")
-    return sink, recent
-
-
 class Attention(nn.Module):
     """Multi-head self-attention with grouped key/value heads (GQA) and rotary positions.
 
     Optional per-KV-head gates `alpha` mix full and streaming attention, `alpha * full + (1 - alpha) * stream`
-    (DuoAttention / RLKV); a `cache` (see `framework.probes.kv_cache`) serves incremental decoding.
+    (DuoAttention / RLKV); a `cache` (see `framework.serving.kv_cache`) serves incremental decoding.
     """
 
     def __init__(self, dim: int, heads: int, kv_heads: int, causal: bool, dropout: float = 0.0):
@@ -282,7 +262,7 @@ class LanguageModel(nn.Module):
         """Final normalised hidden states (batch, seq, dim): the penultimate features.
 
         `gates` (depth, kv_heads) with `window=(sink, recent)` mix full and streaming attention per KV head;
-        `cache` (`framework.probes.kv_cache.MixedKVCache`) continues from the `cache.length` tokens it holds.
+        `cache` (`framework.serving.kv_cache.MixedKVCache`) continues from the `cache.length` tokens it holds.
         """
         t = idx.shape[1]
         start = 0 if cache is None else cache.length

@@ -17,9 +17,9 @@ from support import warm_cli
 pytest.importorskip("transformers")
 
 from framework.models.hf import HFCausalLM  # noqa: E402
-from framework.models.hf_attention import cache_nbytes  # noqa: E402
-from framework.models.transformer import stream_mask  # noqa: E402
-from framework.probes.kv_cache import decode, decode_uncached  # noqa: E402
+from framework.serving.attention import stream_mask  # noqa: E402
+from framework.serving.hf_attention import cache_nbytes  # noqa: E402
+from framework.serving.kv_cache import decode, decode_uncached  # noqa: E402
 
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "mixtral"]
 WINDOW = (1, 4)
@@ -147,7 +147,7 @@ def test_a_left_padded_batch_gives_each_row_what_it_gives_alone(family, window, 
     one-token steps: every row's logits are its logits decoded alone, and (streaming prefill) the hard-gated
     model's without a cache: each row keeps its own sink and recent window, counted from its first token. Chunked
     prompts (`prefill_chunk` 4 and 5) give the same."""
-    from framework.probes.kv_cache import LayerKVCache
+    from framework.serving.kv_cache import LayerKVCache
 
     monkeypatch.setattr(LayerKVCache, "prefill_chunk", chunk)
     model = _model(family)

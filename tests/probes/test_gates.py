@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from framework.models.transformer import TransformerLM, apply_rotary, stream_mask
+from framework.models.transformer import TransformerLM, apply_rotary
+from framework.serving.attention import stream_mask
 
 
 def tiny(kv_heads: int | None = None, seed: int = 0) -> TransformerLM:

@@ -7,7 +7,7 @@ import torch
 from helpers import assert_greedy_up_to_rounding
 
 from framework.models.transformer import TransformerLM
-from framework.probes.kv_cache import (
+from framework.serving.kv_cache import (
     MixedKVCache,
     decode,
     decode_uncached,

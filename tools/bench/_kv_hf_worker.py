@@ -50,7 +50,7 @@ def main() -> None:
     with torch.no_grad():
         if mode == "ours":
             from framework.models.hf import cache_argument
-            from framework.models.hf_attention import cache_nbytes, mixed_kv_cache
+            from framework.serving.hf_attention import cache_nbytes, mixed_kv_cache
 
             cache = mixed_kv_cache(model, full, window, capacity=prompt.shape[1] + steps,
                                    prefill=spec.get("prefill", "full"))

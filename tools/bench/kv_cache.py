@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from framework.models.transformer import TransformerLM  # noqa: E402
 from framework.probes.allocation import select_full_heads  # noqa: E402
-from framework.probes.kv_cache import MixedKVCache, kv_fraction, theoretical_speedup  # noqa: E402
+from framework.serving.kv_cache import MixedKVCache, kv_fraction, theoretical_speedup  # noqa: E402
 
 SINK, RECENT = 16, 64
 MODEL = dict(vocab_size=256, dim=256, depth=4, heads=4, kv_heads=4)  # MHA, head_dim 64: the KV cache dominates

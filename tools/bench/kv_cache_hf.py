@@ -5,7 +5,7 @@ do not depend on them) decodes greedily after a prompt of 4k and 16k tokens, bat
 allocation at s = 0.5 and 0.75 (DuoAttention's window: 64 sink + 256 recent tokens), each in a fresh process
 (`_kv_hf_worker.py`) on `--threads` threads:
 
-* ours: `framework.models.hf_attention.mixed_kv_cache` inside the model's forward (the prompt prefilled in full, as
+* ours: `framework.serving.hf_attention.mixed_kv_cache` inside the model's forward (the prompt prefilled in full, as
   kvpress does, then the compressed heads truncated to the window);
 * kvpress 0.5.5's `DuoAttentionPress`, handed the same heads as its pattern, in its own environment
   (`make kvpress-env`: it pins an older transformers), fed the same saved weights;
