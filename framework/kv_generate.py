@@ -9,13 +9,15 @@ KV heads keep every position; the others keep the window: `--window SINK RECENT`
 is `--prompt TEXT` (through the model's tokenizer) or `--ids "3 17 ..."` (token ids, for a model without one).
 It decodes on `--device` (default `auto`: the GPU where there is one, else the CPU) in `--dtype` (default float32;
 bfloat16 or float16 halve the cache). Prints the new tokens (and their text), and the bytes the cache holds beside
-the full cache's.
+the full cache's (every KV head keeping every position, keys and values each at their own head dim), and beside
+transformers' own cache where that holds something else (an MLA model's compressed latents).
 
     python -m framework.kv_generate local-user/chase-llama-rlkv --sparsity 0.5 --ids "2 7 21 9 30 ..." -n 9
 
 Exit codes: 0 done; 2 refused input (an allocation of another shape than the model's layers × KV heads, a sparsity
-outside [0, 1], a window not shorter than the context, a model outside transformers' attention interface, an
-unknown model or pattern, a device this machine does not have); 1 the Hub failed.
+outside [0, 1], a window not shorter than the context, a prompt + new tokens past the model config's
+max_position_embeddings, a model outside transformers' attention interface, an unknown model or pattern, a device
+this machine does not have); 1 the Hub failed.
 """
 
 from __future__ import annotations
@@ -58,10 +60,52 @@ def check_context(window: tuple[int, int], context: int) -> None:
                          "give a shorter --window or a longer context")
 
 
+def check_positions(prompt: int, new: int, limit: int | None) -> None:
+    """ValueError when the prompt and the new tokens need more positions than the model config's
+    `max_position_embeddings` (`limit`; None: no limit). Past it an absolute position embedding fails in an index
+    out of range (a device-side assert on a GPU) and rotary positions leave the range the model was trained on."""
+    if limit is not None and prompt + new > limit:
+        raise ValueError(f"the prompt's {prompt} tokens + {new} new tokens = {prompt + new} positions, more than the "
+                         f"model config's max_position_embeddings={limit}: shorten the prompt or -n")
+
+
+def full_cache_nbytes(cache: Any) -> int:
+    """Bytes the standard cache holds for the positions `cache` (a mixed KV cache) has seen: every KV head keeps every
+    position, the keys and the values each at their own head dim and dtype, read from the buffers the attention
+    handed the mixed cache (an MLA model's keys are qk_nope + qk_rope wide, its values v_head_dim)."""
+    total = 0
+    for layer in cache.layers:
+        kv = layer.kv
+        k = kv.k_full if kv.k_full is not None else kv.k_stream
+        v = kv.v_full if kv.v_full is not None else kv.v_stream
+        if k is not None:
+            per_head = k.shape[3] * k.element_size() + v.shape[3] * v.element_size()
+            total += k.shape[0] * (kv.n_full + kv.n_stream) * kv.length * per_head
+    return total
+
+
+def own_cache_nbytes(hf: torch.nn.Module, token: torch.Tensor) -> list[tuple[int, float]]:
+    """transformers' own `DynamicCache` of `hf`, measured on one token: per layer (bytes a position, positions kept:
+    infinite, or a sliding layer's window − 1). An MLA model (DeepSeek-V2/V3) caches its compressed latents there."""
+    from transformers import DynamicCache
+
+    from framework.models.hf import cache_argument
+
+    own = DynamicCache(config=hf.config)
+    with torch.no_grad():
+        hf(input_ids=token, use_cache=True, **{cache_argument(hf): own})
+    per_layer = []
+    for layer in own.layers:
+        tensors = (getattr(layer, name, None) for name in ("keys", "values"))
+        keep = layer.sliding_window - 1 if getattr(layer, "is_sliding", False) else float("inf")
+        per_layer.append((sum(x.nbytes for x in tensors if isinstance(x, torch.Tensor)), keep))
+    return per_layer
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from framework.models.hf import HFCausalLM
-    from framework.models.hf_attention import cache_nbytes
     from framework.probes.allocation import HeadAllocation
+    from framework.serving.hf_attention import cache_nbytes
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens={args.max_new_tokens} must be >= 1")
@@ -87,24 +131,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not ids or max(ids) >= model.vocab_size or min(ids) < 0:
         raise ValueError(f"the prompt's token ids {ids[:8]}... must be non-empty and lie in 0..{model.vocab_size - 1}")
     context = len(ids) + args.max_new_tokens
+    check_positions(len(ids), args.max_new_tokens, model.max_seq_len)
     check_context(window, context)
     prompt = torch.tensor([ids], device=device)
+    own_layers = own_cache_nbytes(model.hf, prompt[:, :1])
     cache = model.mixed_cache(full, window, capacity=context)
     with torch.no_grad():
         out = model.hf.generate(prompt, max_new_tokens=args.max_new_tokens, do_sample=False, cache=cache,
                                 pad_token_id=model.hf.config.eos_token_id)
     new = out[0, len(ids):].tolist()
     held = cache_nbytes(cache)
-    layers, kv_heads = full.shape
-    first = next(x for x in (cache.layers[0].kv.k_full, cache.layers[0].kv.k_stream) if x is not None)
-    full_bytes = cache.get_seq_length() * layers * kv_heads * 2 * first.shape[-1] * first.element_size()
+    full_bytes = full_cache_nbytes(cache)
+    own = sum(min(cache.get_seq_length(), keep) * nbytes for nbytes, keep in own_layers)
     print(f"tokens: {new}")
     if tokenizer is not None:
         print(f"text: {tokenizer.decode(new)!r}")
     print(f"kv cache: {held:,} bytes held for {cache.get_seq_length()} positions, the full cache {full_bytes:,} "
           f"({held / full_bytes:.3f} of it); {int(full.sum())} of {full.numel()} KV heads full at s={sparsity:g}, "
           f"window {window}, {args.dtype} on {device}")
-    return {"tokens": new, "bytes": held, "full_bytes": full_bytes, "device": str(device)}
+    if own != full_bytes:  # an MLA model caches its compressed latents, not the per-head keys and values
+        print(f"transformers' own cache holds {own:,} bytes for these positions (the mixed cache {held / own:.3f} "
+              "times that): it caches other tensors than per-head keys and values (MLA's latents, a sliding window)")
+    return {"tokens": new, "bytes": held, "full_bytes": full_bytes, "own_bytes": own, "device": str(device)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

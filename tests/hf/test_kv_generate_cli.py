@@ -1,6 +1,8 @@
 """`python -m framework.kv_generate` refuses bad input with one `error:` line and exit 2, naming the value: an
 allocation of another shape than the model's layers × KV heads, a sparsity outside [0, 1], a window not shorter than
-the context, a model outside transformers' attention interface. (The README's serving section runs it for real.)"""
+the context, a prompt + new tokens past max_position_embeddings, a model outside transformers' attention interface.
+It counts the full cache's keys and values each at their own head dim (an MLA model's differ), and transformers' own
+cache beside it. (The README's serving section runs it for real.)"""
 
 from __future__ import annotations
 
@@ -23,6 +25,31 @@ def llama(tmp_path_factory):
     return folder, root
 
 
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory):
+    """A tiny DeepSeek-V3 (MLA): keys qk_nope 8 + qk_rope 8 = 16 wide, values 4; 4 heads, each its own KV head."""
+    root = tmp_path_factory.mktemp("kv_generate_mla")
+    folder = save_model("llama", root / "deepseek", with_tokenizer=False, vocab_size=64, model_type="deepseek_v3",
+                        num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8,
+                        qk_rope_head_dim=8, v_head_dim=4, head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
+                        moe_intermediate_size=16, first_k_dense_replace=1, n_group=1, topk_group=1)
+    HeadAllocation.from_gates(torch.rand(2, 4), 1, 4).save(root / "pattern")
+    return folder, root / "pattern"
+
+
+def _dynamic_cache_nbytes(folder, tokens: list[int]) -> int:
+    """Bytes transformers' own DynamicCache holds after a forward of `tokens`."""
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from framework.models.hf import cache_argument
+
+    hf = AutoModelForCausalLM.from_pretrained(folder).eval()
+    cache = DynamicCache(config=hf.config)
+    with torch.no_grad():
+        hf(input_ids=torch.tensor([tokens]), use_cache=True, **{cache_argument(hf): cache})
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+
+
 def _refused(argv: list[str], capsys) -> str:
     code = main(argv)
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
@@ -35,6 +62,38 @@ def test_it_decodes_and_reports_the_bytes_held(llama, capsys):
     assert main([str(folder), "--pattern", str(root / "fits"), "--ids", "5 6 7 8 9 10 11 12", "-n", "6"]) == 0
     out = capsys.readouterr().out
     assert "2 of 4 KV heads full at s=0.5, window (1, 4), float32 on " in out and out.startswith("tokens: [")
+
+
+def test_at_s0_the_cache_held_is_the_full_cache_and_transformers_own(llama, capsys):
+    from framework.kv_generate import parse_args, run
+
+    folder, root = llama
+    ids = [5, 6, 7, 8, 9, 10, 11, 12]
+    got = run(parse_args([str(folder), "--pattern", str(root / "fits"), "--sparsity", "0", "--ids",
+                          " ".join(map(str, ids)), "-n", "6"]))
+    assert got["bytes"] == got["full_bytes"] == got["own_bytes"] == _dynamic_cache_nbytes(folder, ids + got[
+        "tokens"][:-1])
+    out = capsys.readouterr().out
+    assert "(1.000 of it)" in out and "transformers' own cache" not in out
+
+
+def test_an_mla_model_counts_keys_and_values_at_their_own_head_dims(deepseek, capsys):
+    """DeepSeek-V3's keys are 16 wide, its values 4: the full cache is positions × layers × heads × (16 + 4) floats
+    (it counted 16 + 16: 0.625 at s = 0). transformers' own cache holds the compressed latents (kv_lora_rank 16 +
+    qk_rope 8 a layer and position), which the CLI reports beside it."""
+    from framework.kv_generate import parse_args, run
+
+    folder, pattern = deepseek
+    ids = [5, 6, 7, 8, 9, 10, 11, 12]
+    argv = [str(folder), "--pattern", str(pattern), "--ids", " ".join(map(str, ids)), "-n", "6"]
+    got = run(parse_args([*argv, "--sparsity", "0"]))
+    positions = len(ids) + 6 - 1
+    assert got["bytes"] == got["full_bytes"] == positions * 2 * 4 * (16 + 4) * 4
+    assert got["own_bytes"] == positions * 2 * (16 + 8) * 4 == _dynamic_cache_nbytes(folder, ids + got["tokens"][:-1])
+    out = capsys.readouterr().out
+    assert "(1.000 of it)" in out and f"transformers' own cache holds {got['own_bytes']:,} bytes" in out
+    half = run(parse_args([*argv, "--sparsity", "0.5"]))  # 4 of 8 heads keep the sink + recent = 5 of 13 positions
+    assert half["full_bytes"] == got["full_bytes"] and half["bytes"] == (4 * positions + 4 * 5) * (16 + 4) * 4
 
 
 def test_device_and_dtype_choose_where_and_in_what_the_cache_is_held(llama, capsys):
@@ -60,6 +119,10 @@ def test_bad_input_is_one_error_line_exit_2(llama, capsys, tmp_path):
     assert "sparsity=1.5 must lie in [0, 1]" in err
     err = _refused([str(folder), "--pattern", str(root / "fits"), "--window", "4", "16", *ids], capsys)
     assert "window sink=4 + recent=16 = 20 is not shorter than the context of 14 tokens" in err
+    long = ["--ids", " ".join(["5"] * 250), "-n", "7"]  # the tiny llama has max_position_embeddings=256
+    err = _refused([str(folder), "--pattern", str(root / "fits"), *long], capsys)
+    assert err == ("error: the prompt's 250 tokens + 7 new tokens = 257 positions, more than the model config's "
+                   "max_position_embeddings=256: shorten the prompt or -n")
     err = _refused([str(folder), "--pattern", str(root / "fits"), "--device", "gpu0", *ids], capsys)
     assert err == "error: --device 'gpu0' is not a device name; valid: auto, cpu, cuda, cuda:N, mps"
     missing = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU: none on a CPU machine
