@@ -1,7 +1,9 @@
 """Orthogonal growth of transformers MoE models in their own layouts (issue 37): Mixtral (router `gate`, fused
 experts), OLMoE, Qwen2-MoE (a shared expert, dense layers from `decoder_sparse_step`) and Qwen3-MoE (`mlp_only_layers`),
 grown in depth and width; the config and keys follow, `generate()` works, the paper's function-preserving settings
-preserve, `from_pretrained` opens the saved model unchanged, and a run grown by the callback resumes bitwise."""
+preserve, `from_pretrained` opens the saved model unchanged, and a run grown by the callback resumes bitwise. Issue 43:
+DeepSeek-V3 (group-limited routing, dense first layers), gpt-oss and GraniteMoE(-Shared, -Hybrid) (`router`) keep the
+logits too, and what growth cannot keep is refused by name."""
 
 from __future__ import annotations
 
@@ -226,3 +228,144 @@ def test_a_grown_model_loaded_by_name_is_rebuilt_from_its_recorded_config_with_i
     assert rebuilt.hf.config.vocab_size == AutoConfig.for_model("olmoe").vocab_size
     assert {k: v.shape for k, v in rebuilt.state_dict().items()} == {k: v.shape for k, v in model.state_dict().items()}
     assert model.init_config["tokenizer"] == str(tmp_path / "src") and model.init_config["name_or_path"] is None
+
+
+# Issue 43: every MoE family transformers 5 ships in these layouts, 2 layers of hidden 32, built offline. DeepSeek-V3:
+# MLA attention, a dense first layer, group-limited sigmoid routing with a score-correction bias and shared experts;
+# gpt-oss: a `router` with a bias, (E, in, out) experts with biases, sinks, eager attention; GraniteMoE: a `router`
+# in `block_sparse_moe` (GraniteMoeShared: a `shared_mlp` beside it; GraniteMoeHybrid: a Mamba-2 layer 0). The first
+# four keep their own layouts (qwen2_moe: layer 0 dense).
+TWO = dict(SIZE, num_hidden_layers=2)
+MLA = dict(num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+EVERY = {**FAMILIES,
+         "deepseek_v3": dict(MLA, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+                             moe_intermediate_size=16, first_k_dense_replace=1),
+         "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2),
+         "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2),
+         "granitemoeshared": dict(num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32),
+         "granitemoehybrid": dict(num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32,
+                                  layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_d_head=16,
+                                  mamba_d_state=16, mamba_n_groups=1, mamba_chunk_size=16)}
+
+
+def small(family: str, **overrides):
+    """A 2-layer model of `family` in transformers' default attention; routers' correction biases made non-zero."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **{**TWO, **EVERY[family], **overrides}))
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape) * 0.1)
+    return model.eval()
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("family", EVERY)
+def test_width_at_alpha_zero_and_zero_init_depth_keep_the_logits_of_every_moe_family(family):
+    model = small(family)
+    with torch.no_grad():
+        ref = model(IDS).logits
+        wide = copy.deepcopy(model)
+        grow(wide, width_factor=2, noise_alpha=0.0)
+        assert rel(wide(IDS).logits, ref) < 1e-5, family  # copies share their original's weight: rounding only
+        deep = copy.deepcopy(model)
+        grow(deep, depth_factor=2, zero_init_copies=True)
+        assert rel(deep(IDS).logits, ref) < 1e-5, family  # every residual output of each copy zeroed
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_deepseek_v3_group_limited_routing_is_carried_and_the_grown_model_reopens_in_transformers(norm, tmp_path):
+    model = small("deepseek_v3", norm_topk_prob=norm)
+    biases = [block.gate.e_score_correction_bias.clone() for block in moe_blocks(model)]
+    noisy = copy.deepcopy(model)
+    grow(noisy, width_factor=2, noise_alpha=0.01)
+    for block, bias in zip(moe_blocks(noisy), biases, strict=True):  # indexed by expert, not trained: copied exactly
+        assert torch.equal(block.gate.e_score_correction_bias, bias.repeat(2))
+    with torch.no_grad():
+        ref = model(IDS).logits
+        grow(model, width_factor=2, noise_alpha=0.0)
+        out = model(IDS).logits
+    assert rel(out, ref) < 1e-5
+    cfg = model.config  # copy j of expert i at i + j·E: the copies form 2 groups of their own, 2 groups are picked
+    assert (cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group) == (8, 4, 4, 2)
+    assert cfg.routed_scaling_factor == (2.5 if norm else 1.25)  # unnormalised: both copies weigh the full score
+    for block in moe_blocks(model):
+        gate = block.gate
+        assert (gate.num_experts, gate.top_k, gate.num_group, gate.topk_group, block.experts.num_experts) == (
+            8, 4, 4, 2, 8)
+        assert gate.routed_scaling_factor == cfg.routed_scaling_factor
+    model.save_pretrained(tmp_path)
+    with torch.no_grad():
+        assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path).eval()(IDS).logits, out)
+
+
+def test_deepseek_v3_dense_first_layers_stay_first_when_interposed_and_stacking_them_apart_is_refused():
+    model = small("deepseek_v3")  # first_k_dense_replace=1: layer 0 dense
+    deep = copy.deepcopy(model)
+    grow(deep, depth_factor=2)
+    assert deep.config.first_k_dense_replace == 2 and dense_layers(deep) == [0, 1]
+    fresh = AutoModelForCausalLM.from_config(type(deep.config).from_dict(deep.config.to_dict()))
+    assert {k: v.shape for k, v in fresh.state_dict().items()} == {k: v.shape for k, v in deep.state_dict().items()}
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"deepseek_v3: its dense layers are the first first_k_dense_replace=1.*"
+                                         r"stack with ignore_first >= 1"):
+        grow(model, depth_factor=2, depth_method="stack")  # layers 0 1 0 1: a dense layer after an MoE one
+    assert model.config.num_hidden_layers == 2 and len(model.model.layers) == 2  # refused before any change
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    grow(model, depth_factor=2, depth_method="stack", ignore_first=1)  # 0 1 1: the dense layer once, first
+    assert model.config.first_k_dense_replace == 1 and dense_layers(model) == [0]
+
+
+def test_width_growth_that_would_change_the_routing_is_refused_by_name_before_anything_changes(monkeypatch):
+    import framework.grow.hf as hf_growth
+
+    model = small("deepseek_v3")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    monkeypatch.setattr(hf_growth, "GROUP_KEYS", ())  # the groups not carried: copies land in unpicked groups
+    with pytest.raises(ValueError, match=r"deepseek_v3 \(DeepseekV3TopkRouter\): width growth would change its "
+                                         r"routing"):
+        grow(model, depth_factor=2, width_factor=2, noise_alpha=0.0)
+    assert model.config.num_hidden_layers == 2 and model.config.n_routed_experts == 4
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "granitemoe", "granitemoeshared", "granitemoehybrid"])
+def test_routers_named_router_grow_and_the_grown_model_reopens_in_transformers(family, tmp_path):
+    model = small(family)
+    with torch.no_grad():
+        ref = model(IDS).logits
+        grow(model, depth_factor=2, width_factor=2, noise_alpha=0.0, zero_init_copies=True)
+        out = model(IDS).logits
+    assert rel(out, ref) < 1e-5
+    cfg = model.config
+    assert (cfg.num_hidden_layers, cfg.num_local_experts, cfg.num_experts_per_tok) == (4, 8, 4)
+    for block in moe_blocks(model):
+        assert (block.router.num_experts, block.router.top_k, block.experts.num_experts) == (8, 4, 8)
+    if family == "gpt_oss":  # (E, in, out) experts with biases; the router's bias repeated with its rows
+        experts, router = moe_blocks(model)[0].experts, moe_blocks(model)[0].router
+        assert experts.gate_up_proj.shape[0] == experts.down_proj_bias.shape[0] == router.bias.shape[0] == 8
+        assert torch.equal(router.bias[:4], router.bias[4:])
+        assert cfg.layer_types == ["sliding_attention"] * 2 + ["full_attention"] * 2
+    model.save_pretrained(tmp_path)
+    with torch.no_grad():
+        assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path).eval()(IDS).logits, out)
+
+
+def test_a_family_whose_routing_or_residual_outputs_growth_cannot_keep_is_refused_by_name(tmp_path):
+    torch.manual_seed(0)  # PhiMoE routes by sparsemixer: a copy and its original are never both chosen
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("phimoe", **TWO, num_local_experts=4,
+                                                                  num_experts_per_tok=2)).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"phimoe \(PhimoeTopKRouter\): width growth would change its routing"):
+        grow(model, width_factor=2)
+    with pytest.raises(ValueError, match=r"zero_init_copies: the residual outputs of phimoe are not known to be named"):
+        grow(model, depth_factor=2, zero_init_copies=True)  # not proven by a test: never zeroed by guesswork
+    assert model.config.num_hidden_layers == 2 and model.config.num_local_experts == 4
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with torch.no_grad():
+        ref = model(IDS).logits
+        grow(model, depth_factor=2, zero_init_copies=True, zero_patterns=["self_attn.o_proj", "mlp.experts.down_proj"])
+        assert rel(model(IDS).logits, ref) < 1e-5  # its residual outputs named by the caller
