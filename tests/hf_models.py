@@ -18,6 +18,42 @@ CAUSAL_FAMILIES: dict[str, dict[str, Any]] = {
     "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2, **_COMMON},
     "olmoe": {"model_type": "olmoe", "num_experts": 4, "num_experts_per_tok": 2, **_COMMON},
 }
+#: the family matrix (tests/hf/test_family_matrix.py): every decoder family of transformers 5 checked, tiny and built
+#: offline, each with the attention features that set it apart from Llama's (a window of 6 positions where it has one)
+_MOE = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}
+MATRIX: dict[str, dict[str, Any]] = {
+    "llama": {"model_type": "llama", **_COMMON},
+    "qwen2": {"model_type": "qwen2", **_COMMON},
+    "qwen3": {"model_type": "qwen3", "head_dim": 8, **_COMMON},
+    "mistral": {"model_type": "mistral", **_COMMON},
+    "mistral_window": {"model_type": "mistral", "sliding_window": 6, **_COMMON},
+    "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2, **_COMMON},
+    "gemma2": {"model_type": "gemma2", "head_dim": 8, "sliding_window": 6, "attn_logit_softcapping": 0.5, **_COMMON},
+    "gemma3": {"model_type": "gemma3_text", "head_dim": 8, "sliding_window": 6,
+               "layer_types": ["sliding_attention", "full_attention"], **_COMMON},
+    "phi3": {"model_type": "phi3", **_COMMON},
+    "smollm3": {"model_type": "smollm3", **_COMMON},
+    "granite": {"model_type": "granite", **_COMMON},
+    "granitemoe": {"model_type": "granitemoe", "num_local_experts": 4, "num_experts_per_tok": 2, **_COMMON},
+    "olmoe": {"model_type": "olmoe", "num_experts": 4, "num_experts_per_tok": 2, **_COMMON},
+    "qwen2_moe": {"model_type": "qwen2_moe", "num_experts": 4, "shared_expert_intermediate_size": 32, **_MOE,
+                  **_COMMON},
+    "qwen3_moe": {"model_type": "qwen3_moe", "num_experts": 4, "head_dim": 8, **_MOE, **_COMMON},
+    "deepseek_v3": {"model_type": "deepseek_v3", "n_routed_experts": 4, "n_group": 2, "topk_group": 1,
+                    "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 4,
+                    "qk_nope_head_dim": 8, "v_head_dim": 8, **_MOE, **_COMMON, "num_key_value_heads": 4},
+    "gpt_oss": {"model_type": "gpt_oss", "num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 8,
+                "sliding_window": 6, **_COMMON},
+}
+#: what sets each matrix family's attention or routing apart from Llama's (README and docs/hf_models.md list it)
+FEATURES: dict[str, str] = {
+    "llama": "", "qwen2": "", "qwen3": "q/k norms", "mistral": "", "mistral_window": "sliding window (every layer)",
+    "mixtral": "MoE", "gemma2": "sliding window (alternate layers), logit softcapping, eager attention",
+    "gemma3": "sliding window (per layer_types), q/k norms", "phi3": "fused qkv", "smollm3": "no RoPE on some layers",
+    "granite": "scaled residuals and logits", "granitemoe": "MoE (router named `router`)", "olmoe": "MoE",
+    "qwen2_moe": "MoE + shared expert", "qwen3_moe": "MoE", "deepseek_v3": "MLA, group-limited MoE routing",
+    "gpt_oss": "attention sinks, sliding window (alternate layers), MoE (router named `router`), eager attention",
+}
 MASKED_FAMILIES: dict[str, dict[str, Any]] = {
     "bert": {"model_type": "bert", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
              "num_attention_heads": 4, "max_position_embeddings": 256},

@@ -263,7 +263,7 @@ def check_draws(plan: Plan) -> str:
     from framework.losses.mask_agnostic import MaskAgnosticLoss
     from framework.losses.mdlm import mask_tokens, stratified_times
     from framework.samplers.policies import gumbel_top_k
-    from framework.serving.kv_cache import _pick
+    from framework.serving.decoding import _pick
 
     dev = torch.device(plan.device)
     tokens, logits = torch.randint(0, 9, (4, 16), device=dev), torch.randn(4, 32, device=dev)

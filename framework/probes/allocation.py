@@ -270,7 +270,7 @@ class HeadAllocation:
             f"---\n\n# {repo_id}\n\nA per-KV-head cache allocation ({depth} layers × {heads} KV heads) found by "
             f"`{self.method or 'a probe'}`: heads with the top gates keep the full KV cache, the others keep "
             f"{self.sink} sink + {self.recent} recent tokens.\n\n```python\nfrom framework.probes.allocation import "
-            f"HeadAllocation\nfrom framework.serving.kv_cache import decode\n\nalloc = HeadAllocation.from_pretrained("
+            f"HeadAllocation\nfrom framework.serving.decoding import decode\n\nalloc = HeadAllocation.from_pretrained("
             f"{repo_id!r})\ntokens = decode(model, prompt, n, full_heads=alloc.full_heads({self.sparsity}), "
             f"window=alloc.window)\n```\n\n| metric | value |\n|---|---|\n{rows}\n"
         )

@@ -25,7 +25,7 @@ from framework.modules.data_spec import DataSpec
 from framework.probes.allocation import HeadAllocation, gate_shape, select_full_heads
 from framework.probes.rewards import exact_match
 from framework.serving.attention import check_window
-from framework.serving.kv_cache import decode, decode_uncached
+from framework.serving.decoding import decode, decode_uncached
 
 #: The `DataSpec` facts every probe needs, passed in or read from the datamodule in `setup`.
 DATA_FACTS = ("prompt_length", "max_new_tokens", "eos_id", "pad_id")

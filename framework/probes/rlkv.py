@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from framework.probes.base import HeadProbe
-from framework.serving.kv_cache import decode_uncached
+from framework.serving.decoding import decode_uncached
 
 
 def adaptive_penalty_weight(mean_reward: float, tau: float = 0.5) -> float:

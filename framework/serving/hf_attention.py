@@ -15,7 +15,7 @@ interface: no `forward` method is replaced.
   itself to the attention call through the keyword arguments transformers passes to both, and the attention stores
   and attends there.
 
-A model whose attention does not go through the interface (`_supports_attention_backend` False) is refused by name.
+A model whose attention does not go through the interface (`is_backend_compatible()` False) is refused by name.
 Prompts of different lengths go in one batch left-padded (with their attention mask): each row keeps its own sink and
 recent window, counted from its first token.
 """
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from framework.serving.attention import check_window, stream_mask
+from framework.serving.attention import attention, causal_mask, check_window, stream_mask
 from framework.serving.kv_cache import PREFILL_POLICIES, LayerKVCache
 
 NAME = "framework_rlkv"
@@ -40,26 +40,47 @@ def _sdpa() -> Any:
     return sdpa_attention_forward
 
 
+#: what a family's attention call may add to softmax attention that `framework_rlkv` carries (transformers' keywords)
+CARRIED = ("sliding_window", "softcap", "s_aux")
+#: keywords of other attention features, which it does not carry: a model that passes one is refused by name
+REFUSED = ("position_bias", "indices", "block_indices", "sinks")
+
+
 def rlkv_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                   dropout: float = 0.0, scaling: float | None = None, **kwargs: Any) -> tuple[Tensor, None]:
-    """The registered attention function: (batch, seq, heads, head_dim) outputs, as transformers' own return."""
+                   dropout: float = 0.0, scaling: float | None = None, sliding_window: int | None = None,
+                   softcap: float | None = None, s_aux: Tensor | None = None, **kwargs: Any) -> tuple[Tensor, None]:
+    """The registered attention function: (batch, seq, heads, head_dim) outputs, as transformers' own return.
+    A layer's sliding window, logit softcapping and sink logits (`CARRIED`) apply to the full, the streaming and
+    the cached heads alike; a feature in `REFUSED` raises ValueError naming the model."""
     layer = kwargs.pop("mixed_kv_layer", None)
     gates, window = kwargs.pop("rlkv_gates", None), kwargs.pop("rlkv_window", None)
+    refused = [k for k in REFUSED if kwargs.get(k) is not None]
+    if refused:
+        raise ValueError(f"{type(module).__name__} hands its attention {', '.join(refused)}, which RLKV's gates and "
+                         f"mixed KV cache do not carry (they carry {', '.join(CARRIED)}); this family is refused")
+    features = {"softcap": softcap, "sinks": s_aux}
     if layer is not None:
         if scaling is not None and not math.isclose(scaling, query.shape[-1] ** -0.5, rel_tol=1e-6):
             query = query * (scaling * math.sqrt(query.shape[-1]))  # the cache attends with SDPA's default scale
         pads = left_padding(attention_mask) if layer.length == 0 and query.shape[2] > 1 else None
-        return layer.attend(query, key, value, pads=pads).transpose(1, 2).contiguous(), None
-    full, _ = _sdpa()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        out = layer.attend(query, key, value, pads=pads, sliding=sliding_window, **features)
+        return out.transpose(1, 2).contiguous(), None
+    t, s = query.shape[2], key.shape[2]
+    if attention_mask is None:  # transformers left the causal (and window) mask to the kernel
+        allowed = causal_mask(t, s, s - t, sliding_window, device=query.device)
+    else:
+        allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+    drop = dropout if module.training else 0.0
+    if softcap is None and s_aux is None:  # exactly the model's sdpa
+        full, _ = _sdpa()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    else:
+        full = attention(query, key, value, allowed, scale=scaling, dropout=drop, **features).transpose(1, 2)
     if gates is None:
         return full, None
     sink, recent = check_window(window)
-    t, s = query.shape[2], key.shape[2]
-    mask = stream_mask(t, s, sink, recent, offset=s - t, device=query.device)
-    if attention_mask is not None:
-        mask = mask & (attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0)
-    streamed, _ = _sdpa()(module, query, key, value, mask.expand(query.shape[0], 1, t, s), dropout=dropout,
-                          scaling=scaling, is_causal=False, **kwargs)
+    mask = stream_mask(t, s, sink, recent, offset=s - t, device=query.device) & allowed
+    streamed = attention(query, key, value, mask.expand(query.shape[0], 1, t, s), scale=scaling, dropout=drop,
+                         **features).transpose(1, 2)
     heads, kv_heads = query.shape[1], key.shape[1]
     alpha = gates[module.layer_idx].to(full.dtype).repeat_interleave(heads // kv_heads)[None, None, :, None]
     return alpha * full + (1 - alpha) * streamed, None
@@ -84,22 +105,24 @@ def _register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-    if NAME not in AttentionInterface._global_mapping:
+    if NAME not in AttentionInterface():
         AttentionInterface.register(NAME, rlkv_attention)
         AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
 
 
 def attention_shape(model: nn.Module) -> tuple[int, int, int]:
     """(layers, kv_heads, query heads) of a transformers causal LM; ValueError for a model outside the attention
-    interface or without grouped heads in its config."""
+    interface. An MLA model (DeepSeek-V2/V3: `kv_lora_rank`) expands its latents to one key and value per query
+    head before attending, so it has as many KV heads as query heads whatever `num_key_value_heads` says."""
     cls = type(model)
-    if not getattr(cls, "_supports_attention_backend", False):
+    if not cls.is_backend_compatible():
         raise ValueError(f"{cls.__name__} does not route its attention through transformers' AttentionInterface, so "
                          "RLKV's gates and mixed KV cache cannot reach it; models that do: Llama, Qwen2, Qwen3, "
-                         "Mistral, Mixtral, OLMoE and most decoders of transformers 5")
+                         "Mistral, Mixtral, OLMoE and most decoders of transformers 5 (docs/hf_models.md)")
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    kv_heads = heads if getattr(config, "kv_lora_rank", None) else int(getattr(config, "num_key_value_heads", None)
+                                                                       or heads)
     return int(config.num_hidden_layers), kv_heads, heads
 
 

@@ -5,17 +5,17 @@ ones (a constant `sink + recent` entries, written into a ring). Keys are cached 
 never re-indexed. Caching is per KV head: a GQA group is never expanded before it is stored. Decoding with the
 cache gives the same tokens as the masked no-cache forward with hard 0/1 gates (`prefill="streaming"`).
 
-    tokens = decode(model, prompt, 16, full_heads=allocation.full_heads(0.5), window=(1, 4), eos_id=3)
+    cache = MixedKVCache(model, full_heads=allocation.full_heads(0.5), window=(1, 4)); model(prompt, cache=cache)
+
+`framework.serving.decoding.decode` generates with it.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from framework.rng import to_generator
-from framework.serving.attention import check_window
+from framework.serving.attention import attention, causal_mask, check_window
 from framework.serving.kv_padding import PaddedRows, ring_positions
 
 PREFILL_POLICIES = ("streaming", "full")
@@ -65,6 +65,9 @@ class LayerKVCache(PaddedRows):
         self.k_stream: Tensor | None = None  # (batch, compressed heads, sink + recent, head_dim)
         self.v_stream: Tensor | None = None
         self.pads: Tensor | None = None  # (batch,) left padding of each row; None: no row is padded
+        self.sliding: int | None = None  # the layer's sliding window (transformers' `sliding_window`), None: none
+        self.softcap: float | None = None  # attention-logit softcapping (Gemma 2)
+        self._sinks: Tensor | None = None  # sink logits of the query heads being attended (gpt-oss)
 
     @property
     def slot_pos(self) -> Tensor:
@@ -78,9 +81,13 @@ class LayerKVCache(PaddedRows):
             self.kv_order, self.q_order, self.q_restore = (
                 x.to(device) for x in (self.kv_order, self.q_order, self.q_restore))
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, pads: Tensor | None = None) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, pads: Tensor | None = None, sliding: int | None = None,
+               softcap: float | None = None, sinks: Tensor | None = None) -> Tensor:
         """Store the new keys/values (batch, kv_heads, t, d) and return attention outputs (batch, heads, t, d).
-        `pads` (batch,), with the prompt only: each row's left padding."""
+        `pads` (batch,), with the prompt only: each row's left padding. What the model's own attention adds is
+        carried: `sliding` (its layer's window: every head, full or compressed, sees only the keys less than
+        `sliding` positions back), `softcap` (logit softcapping) and `sinks` (one sink logit per query head)."""
+        self.sliding, self.softcap = (int(sliding) if sliding else None), softcap
         if pads is not None:
             if self.length or q.shape[2] < 2:
                 raise ValueError("left padding (pads=) comes with the prompt, the first call on an empty cache")
@@ -92,15 +99,17 @@ class LayerKVCache(PaddedRows):
             self._on(q.device)
             q = q.index_select(1, self.q_order)
             k, v = k.index_select(1, self.kv_order), v.index_select(1, self.kv_order)
+            sinks = None if sinks is None else sinks.to(q.device).index_select(0, self.q_order)
         nf, ns, nq = self.n_full, self.n_stream, self.n_full * self.group
-        if not ns:
-            out = self._attend_full(q, k, v)
-        elif not nf:
-            out = self._attend_stream(q, k, v)
-        else:
-            out = torch.cat([self._attend_full(q.narrow(1, 0, nq), k.narrow(1, 0, nf), v.narrow(1, 0, nf)),
-                             self._attend_stream(q.narrow(1, nq, ns * self.group), k.narrow(1, nf, ns),
-                                                 v.narrow(1, nf, ns))], dim=1)
+        outs = []
+        if nf:
+            self._sinks = None if sinks is None else sinks[:nq]
+            outs.append(self._attend_full(q.narrow(1, 0, nq), k.narrow(1, 0, nf), v.narrow(1, 0, nf)))
+        if ns:
+            self._sinks = None if sinks is None else sinks[nq:]
+            outs.append(self._attend_stream(q.narrow(1, nq, ns * self.group), k.narrow(1, nf, ns),
+                                            v.narrow(1, nf, ns)))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         self.length += q.shape[2]
         return out.index_select(1, self.q_restore) if self.permuted else out
 
@@ -124,11 +133,30 @@ class LayerKVCache(PaddedRows):
         self.v_full.narrow(2, start, t).copy_(v)
         if self.pads is not None:
             return self._attend_full_padded(q, end)
+        keys, values = self.k_full.narrow(2, 0, end), self.v_full.narrow(2, 0, end)
+        if self.sliding and end > self.sliding:  # a sliding layer: each query sees its window's keys
+            if t == 1:
+                return self._attn(q, keys.narrow(2, end - self.sliding, self.sliding),
+                                  values.narrow(2, end - self.sliding, self.sliding))
+            return self._attend_window(q, keys, values, start)
         causal = t > 1 and start == 0  # a prompt into an empty cache: no (t, t) mask is built
         mask = None if t == 1 or causal else torch.ones(t, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
-        return F.scaled_dot_product_attention(
-            q, self.k_full.narrow(2, 0, end), self.v_full.narrow(2, 0, end), attn_mask=mask, is_causal=causal,
-            enable_gqa=self.group > 1)
+        return self._attn(q, keys, values, mask, causal)
+
+    def _attn(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
+        """Attention as the model computes it (`framework.serving.attention.attention`: softcap and sinks)."""
+        return attention(q, k, v, mask, causal, softcap=self.softcap, sinks=self._sinks)
+
+    def _attend_window(self, q: Tensor, keys: Tensor, values: Tensor, start: int) -> Tensor:
+        """Queries at start..start+t-1 over `keys` of positions 0.. under the sliding window, in chunks of
+        `prefill_chunk` queries that each take only the keys their windows reach."""
+        t, outs = q.shape[2], []
+        for a in range(0, t, self.prefill_chunk):
+            b = min(t, a + self.prefill_chunk)
+            lo = max(0, start + a - self.sliding + 1)
+            mask = causal_mask(b - a, start + b - lo, start + a - lo, self.sliding, device=q.device)
+            outs.append(self._attn(q[:, :, a:b], keys[:, :, lo:start + b], values[:, :, lo:start + b], mask))
+        return torch.cat(outs, dim=2)
 
     def _slots(self, positions: Tensor) -> Tensor:
         return torch.where(positions < self.sink, positions, self.sink + (positions - self.sink) % self.recent)
@@ -144,17 +172,21 @@ class LayerKVCache(PaddedRows):
             slot = start if start < self.sink else self.sink + (start - self.sink) % self.recent
             self.k_stream.narrow(2, slot, 1).copy_(k)
             self.v_stream.narrow(2, slot, 1).copy_(v)
+            if self.sliding and start >= self.sliding:  # a sliding layer: the sink too leaves the window
+                held = ring_positions(torch.tensor([[start]], device=q.device), self.sink, self.recent)[0]
+                return self._attn(q, self.k_stream, self.v_stream, ((held >= 0) & (start - held < self.sliding))[None])
             if start + 1 >= size:  # the ring is full: attend over all of it, no length to cut
-                return F.scaled_dot_product_attention(q, self.k_stream, self.v_stream, enable_gqa=self.group > 1)
-            return F.scaled_dot_product_attention(q, self.k_stream.narrow(2, 0, start + 1),
-                                                  self.v_stream.narrow(2, 0, start + 1), enable_gqa=self.group > 1)
+                return self._attn(q, self.k_stream, self.v_stream)
+            return self._attn(q, self.k_stream.narrow(2, 0, start + 1), self.v_stream.narrow(2, 0, start + 1))
         return self._prefill_stream(q, k, v)
 
     def _prefill_stream(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Several new positions at once (a prompt): attend, then keep what the ring holds."""
         start, t = self.length, q.shape[2]
-        if self.prefill == "full" and start == 0:  # plain causal attention over the prompt: no (t, t) mask
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.group > 1)
+        if self.prefill == "full" and start == 0 and self.sliding and t > self.sliding:
+            out = self._attend_window(q, k, v, 0)
+        elif self.prefill == "full" and start == 0:  # plain causal attention over the prompt: no (t, t) mask
+            out = self._attn(q, k, v, causal=True)
         else:
             out = torch.cat([self._stream_chunk(q, k, v, a, min(t, a + self.prefill_chunk))
                              for a in range(0, t, self.prefill_chunk)], dim=2)
@@ -179,7 +211,9 @@ class LayerKVCache(PaddedRows):
                              torch.arange(start + lo, start + b, device=device)])
         query_pos = torch.arange(start + a, start + b, device=device)[:, None]
         mask = (key_pos <= query_pos) & ((key_pos < self.sink) | (query_pos - key_pos < self.recent))
-        return F.scaled_dot_product_attention(q[:, :, a:b], keys, values, attn_mask=mask, enable_gqa=self.group > 1)
+        if self.sliding:
+            mask &= query_pos - key_pos < self.sliding
+        return self._attn(q[:, :, a:b], keys, values, mask)
 
     def preload(self, k: Tensor, v: Tensor) -> None:
         """Store keys/values (batch, kv_heads, t, d) of positions 0..t-1 without attending (what a prefill keeps):
@@ -269,74 +303,3 @@ def kv_fraction(sparsity: float, length: int, window: int) -> float:
 def theoretical_speedup(sparsity: float, length: int, window: int) -> float:
     """Memory-bound decode speed-up of the mixed cache: 1 / ((1 - s) + s · W / L) (RLKV README)."""
     return 1.0 / kv_fraction(sparsity, length, window)
-
-
-def _pick(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
-    if temperature <= 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return torch.multinomial(to_generator(probs, generator), 1, generator=generator).squeeze(-1).to(probs.device)
-
-
-def _finish(tokens: Tensor, eos_id: int | None, pad_id: int | None) -> Tensor:
-    """Everything after a row's first EOS becomes `pad_id` (EOS itself when no pad id is given)."""
-    if eos_id is None:
-        return tokens
-    after = (tokens == eos_id).long().cumsum(1) - (tokens == eos_id).long() > 0
-    return tokens.masked_fill(after, eos_id if pad_id is None else pad_id)
-
-
-@torch.no_grad()
-def decode(model: nn.Module, prompt: Tensor, max_new_tokens: int, full_heads: Tensor | None = None,
-           window: tuple[int, int] = (1, 4), eos_id: int | None = None, pad_id: int | None = None,
-           temperature: float = 0.0, generator: torch.Generator | None = None, prefill: str = "streaming",
-           cache: MixedKVCache | None = None) -> Tensor:
-    """Generate (batch, max_new_tokens) tokens after equal-length `prompt`s with a mixed KV cache.
-
-    Greedy when `temperature <= 0`. Stops early once every row has emitted `eos_id`; later tokens are `pad_id`.
-    Pass your own `cache` to inspect it afterwards (its `full_heads`/window then apply).
-    """
-    if cache is None:  # a transformers model brings its own kind (`HFCausalLM.mixed_cache`: a transformers Cache)
-        make = getattr(model, "mixed_cache", None) or (lambda *a, **k: MixedKVCache(model, *a, **k))
-        cache = make(full_heads, window, capacity=prompt.shape[1] + max_new_tokens, prefill=prefill)
-    logits = model(prompt, cache=cache)[:, -1]
-    out, done = [], torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
-    for step in range(max_new_tokens):
-        token = _pick(logits, temperature, generator)
-        out.append(token)
-        if eos_id is not None:
-            done |= token == eos_id
-            if bool(done.all()):
-                break
-        if step + 1 < max_new_tokens:
-            logits = model(token[:, None], cache=cache)[:, -1]
-    tokens = torch.stack(out, dim=1)
-    fill = eos_id if pad_id is None else pad_id
-    if tokens.shape[1] < max_new_tokens:
-        tokens = F.pad(tokens, (0, max_new_tokens - tokens.shape[1]), value=fill)
-    return _finish(tokens, eos_id, pad_id)
-
-
-@torch.no_grad()
-def decode_uncached(model: nn.Module, prompt: Tensor, max_new_tokens: int, gates: Tensor | None = None,
-                    window: tuple[int, int] | None = None, eos_id: int | None = None, pad_id: int | None = None,
-                    temperature: float = 0.0, generator: torch.Generator | None = None) -> Tensor:
-    """The reference decoder: re-run the (gated, masked) forward over the whole sequence for every new token.
-
-    With soft gates this is how a gated policy samples (no cache can hold a mix of full and streaming attention).
-    """
-    seq = prompt
-    done = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
-    for _ in range(max_new_tokens):
-        logits = model(seq, gates=gates, window=window)[:, -1] if gates is not None else model(seq)[:, -1]
-        token = _pick(logits, temperature, generator)
-        seq = torch.cat([seq, token[:, None]], dim=1)
-        if eos_id is not None:
-            done |= token == eos_id
-            if bool(done.all()):
-                break
-    tokens = seq[:, prompt.shape[1]:]
-    fill = eos_id if pad_id is None else pad_id
-    if tokens.shape[1] < max_new_tokens:
-        tokens = F.pad(tokens, (0, max_new_tokens - tokens.shape[1]), value=fill)
-    return _finish(tokens, eos_id, pad_id)

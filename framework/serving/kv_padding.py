@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -42,6 +41,10 @@ class PaddedRows:
     v_full: Any
     k_stream: Any
     v_stream: Any
+    sliding: int | None
+
+    def _attn(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
+        raise NotImplementedError  # LayerKVCache's: attention as the model computes it
 
     def _attend_full_padded(self, q: Tensor, end: int) -> Tensor:
         """Full heads of a left-padded batch, their keys already stored (see the module's docstring)."""
@@ -50,14 +53,17 @@ class PaddedRows:
         keys, values = self.k_full.narrow(2, 0, end), self.v_full.narrow(2, 0, end)
         if t == 1:
             mask = torch.arange(end, device=device) >= pad
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.group > 1)
+            if self.sliding:
+                mask &= torch.arange(end, device=device) > end - 1 - self.sliding
+            return self._attn(q, keys, values, mask)
         outs = []
         for a in range(0, t, self.prefill_chunk):
             b = min(t, a + self.prefill_chunk)
             query, key = torch.arange(a, b, device=device)[:, None], torch.arange(b, device=device)
             mask = (key <= query) & ((key >= pad) | (key == query))
-            outs.append(F.scaled_dot_product_attention(q[:, :, a:b], keys[:, :, :b], values[:, :, :b], attn_mask=mask,
-                                                       enable_gqa=self.group > 1))
+            if self.sliding:
+                mask &= query - key < self.sliding
+            outs.append(self._attn(q[:, :, a:b], keys[:, :, :b], values[:, :, :b], mask))
         return torch.cat(outs, dim=2)
 
     def _attend_stream_padded(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -69,9 +75,9 @@ class PaddedRows:
             slot = torch.where(real < self.sink, real, self.sink + (real - self.sink) % self.recent)
             for buffer, new in ((self.k_stream, k), (self.v_stream, v)):
                 buffer.scatter_(2, slot.view(-1, 1, 1, 1).expand(-1, new.shape[1], 1, new.shape[3]), new)
-            held = ring_positions(real[:, None], self.sink, self.recent) >= 0  # all in the row's window
-            return F.scaled_dot_product_attention(q, self.k_stream, self.v_stream, attn_mask=held[:, None, None, :],
-                                                  enable_gqa=self.group > 1)
+            held = ring_positions(real[:, None], self.sink, self.recent)  # all in the row's window
+            mask = (held >= 0) & (real[:, None] - held < self.sliding) if self.sliding else held >= 0
+            return self._attn(q, self.k_stream, self.v_stream, mask[:, None, None, :])
         pad = self.pads[:, None, None, None]
         outs, first = [], int(self.pads.max()) + self.sink  # past it no row has a sink position
         for a in range(0, t, self.prefill_chunk):
@@ -83,11 +89,12 @@ class PaddedRows:
             mask = (key <= query) & (key >= pad)
             if self.prefill == "streaming":
                 mask &= (key - pad < self.sink) | (query - key < self.recent)
+            if self.sliding:
+                mask &= query - key < self.sliding
             mask |= key == query  # a padding query attends to itself (the module's docstring)
             keys = torch.cat([k[:, :, :ends], k[:, :, lo:b]], dim=2)
             values = torch.cat([v[:, :, :ends], v[:, :, lo:b]], dim=2)
-            outs.append(F.scaled_dot_product_attention(q[:, :, a:b], keys, values, attn_mask=mask,
-                                                       enable_gqa=self.group > 1))
+            outs.append(self._attn(q[:, :, a:b], keys, values, mask))
         for row, pad_r in enumerate(self.pads.tolist()):  # each row's sink and last `recent` tokens, in its ring
             real = torch.arange(t - pad_r, device=device)
             keep = (real < self.sink) | (real >= t - pad_r - self.recent)

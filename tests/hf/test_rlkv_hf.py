@@ -18,8 +18,8 @@ pytest.importorskip("transformers")
 
 from framework.models.hf import HFCausalLM  # noqa: E402
 from framework.serving.attention import stream_mask  # noqa: E402
+from framework.serving.decoding import decode, decode_uncached  # noqa: E402
 from framework.serving.hf_attention import cache_nbytes  # noqa: E402
-from framework.serving.kv_cache import decode, decode_uncached  # noqa: E402
 
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "mixtral"]
 WINDOW = (1, 4)

@@ -10,7 +10,7 @@ from huggingface_hub import HfApi
 
 from framework.models.transformer import TransformerLM
 from framework.probes.allocation import HeadAllocation, main
-from framework.serving.kv_cache import decode
+from framework.serving.decoding import decode
 
 
 def allocation() -> HeadAllocation:

@@ -7,13 +7,8 @@ import torch
 from helpers import assert_greedy_up_to_rounding
 
 from framework.models.transformer import TransformerLM
-from framework.serving.kv_cache import (
-    MixedKVCache,
-    decode,
-    decode_uncached,
-    kv_fraction,
-    theoretical_speedup,
-)
+from framework.serving.decoding import decode, decode_uncached
+from framework.serving.kv_cache import MixedKVCache, kv_fraction, theoretical_speedup
 
 
 def model_for_decoding(kv_heads: int | None = None, depth: int = 3, seed: int = 0) -> TransformerLM:

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from helpers import assert_greedy_up_to_rounding
 
 from framework.models.transformer import TransformerLM
-from framework.serving.kv_cache import MixedKVCache, decode, decode_uncached
+from framework.serving.decoding import decode, decode_uncached
+from framework.serving.kv_cache import MixedKVCache
 
 
 class ReferenceLayer:

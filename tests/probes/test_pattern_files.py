@@ -13,7 +13,7 @@ import torch
 
 from framework.models.transformer import TransformerLM
 from framework.probes.allocation import HeadAllocation
-from framework.serving.kv_cache import decode, decode_uncached
+from framework.serving.decoding import decode, decode_uncached
 
 
 def read_duo_pattern(folder) -> tuple[np.ndarray, int, int]:
