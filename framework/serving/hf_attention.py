@@ -35,9 +35,10 @@ NAME = "framework_rlkv"
 
 
 def _sdpa() -> Any:
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    """transformers' own sdpa attention function, looked up where it is registered."""
+    from transformers import AttentionInterface
 
-    return sdpa_attention_forward
+    return AttentionInterface()["sdpa"]
 
 
 #: what a family's attention call may add to softmax attention that `framework_rlkv` carries (transformers' keywords)
@@ -102,12 +103,11 @@ def left_padding(mask: Tensor | None) -> Tensor | None:
 
 
 def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers import AttentionInterface, AttentionMaskInterface
 
     if NAME not in AttentionInterface():
         AttentionInterface.register(NAME, rlkv_attention)
-        AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+        AttentionMaskInterface.register(NAME, AttentionMaskInterface()["sdpa"])
 
 
 def attention_shape(model: nn.Module) -> tuple[int, int, int]:
