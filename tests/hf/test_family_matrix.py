@@ -151,3 +151,25 @@ def test_olion_and_muon_train_each_family(family):
             opt.step()
             losses.append(loss.item())
         assert losses[-1] < losses[0], (family, name, losses)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_long_prompts_in_small_chunks_keep_every_family_exact(family, monkeypatch):
+    """The whole matrix at length: a 40-token prompt attended in chunks of 5 (inside, across and past the window and
+    the sink), 12 decode steps: at s = 0 the model's own logits, at s > 0 the hard-gated model's; with
+    `prefill="full"` the prompt's logits are the model's own (every head attends to the whole prompt)."""
+    from framework.serving.kv_cache import LayerKVCache
+
+    monkeypatch.setattr(LayerKVCache, "prefill_chunk", 5)
+    model = build(family)
+    seq = tokens(2, 52, seed=5)
+    full = full_heads(model)
+    with torch.no_grad():
+        own = model(seq)
+        gated = model(seq, gates=full.float(), window=WINDOW)
+    close(cached_logits(model, seq, 40, None)[0], own, f"{family} s=0")
+    close(cached_logits(model, seq, 40, full)[0], gated, f"{family} s>0")
+    cache = model.mixed_cache(full, window=WINDOW, prefill="full")
+    with torch.no_grad():
+        close(model(seq[:, :40], cache=cache), own[:, :40], f"{family} full prefill")
