@@ -5,9 +5,10 @@ folder in transformers' layout (`save_pretrained`'s). DIR receives `model.safete
 layout, with the grown constructor values) and `model_config.json` + `checkpoints/last.ckpt` (the run-dir
 layout), so it can be pushed with `python -m framework.hub push DIR REPO`, loaded back with `from_pretrained(REPO)`,
 used as `init_from=DIR`, or grown again. `growth.json` records what was done (parameter counts, norm profiles
-before and after). A transformers MoE (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE, ...) grows in its own layout and DIR
-is transformers' (`save_pretrained`: `AutoModelForCausalLM.from_pretrained(DIR)` opens it, its tokenizer beside it),
-with `framework.json` and the run-dir layout added.
+before and after). A transformers MoE (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3, gpt-oss, GraniteMoE, ...:
+docs/growth.md's table) grows in its own layout and DIR is transformers' (`save_pretrained`:
+`AutoModelForCausalLM.from_pretrained(DIR)` opens it, its tokenizer beside it), with `framework.json` and the run-dir
+layout added; a family whose function growth cannot keep is one `error:` line.
 """
 
 from __future__ import annotations

@@ -1,32 +1,21 @@
-"""Orthogonal growth of transformers MoE models in transformers' own layouts (docs/growth.md).
+"""Orthogonal growth of transformers MoE models in transformers' own layouts (docs/growth.md, its table of families).
 
 transformers 5 keeps a sparse MoE block in a decoder layer (`mlp`, GraniteMoE's `block_sparse_moe`): a router (`gate`,
-or `router` in gpt-oss and GraniteMoE; its `weight` is (E, hidden), with `top_k` and `num_experts`, gpt-oss adds a
-`bias`, DeepSeek-V3 a score-correction bias buffer) and `experts`, whose weights are fused 3-D tensors with the
-expert on dim 0 (`gate_up_proj` (E, 2I, hidden), `down_proj` (E, hidden, I); gpt-oss stores (E, in, out) and a bias
-per expert). Qwen-MoE adds a `shared_expert`, DeepSeek-V3 `shared_experts`, GraniteMoeShared a `shared_mlp`; dense
-layers (Qwen's `mlp_only_layers`, DeepSeek-V3's first `first_k_dense_replace`) have a plain MLP. Growth is written
-once against this layout, duck-typed, without importing transformers:
+or `router` in gpt-oss and GraniteMoE: a 2-D `weight` (E, hidden), `top_k`, `num_experts`, maybe a bias or an
+expert-indexed buffer) and `experts`, fused tensors with the expert on dim 0 ((E, out, in), gpt-oss's (E, in, out)
+with biases); beside them maybe shared experts, and plain-MLP dense layers. Growth is written once against this
+layout, duck-typed, without importing transformers:
 
-* depth: the decoder layers (`model.model.layers`) grow by `framework.grow.base.grow_depth` (interposition or stack,
-  `ignore_first` / `ignore_last` layers inserted once), and every attention's `layer_idx` is renumbered, so a KV
-  cache built from the grown config lines up and `generate()` works;
-* width: every expert tensor and the router's rows are repeated along the expert dim (copy j of expert i at
-  i + j·E, as `grow_width` places ours), each copy plus N(0, (α·σ)²) with σ the std of that expert's tensor (the
-  router's: of its whole weight or bias), a router buffer indexed by expert repeated exactly, top-k multiplied
-  alike; group-limited routing (DeepSeek-V3) gets factor × the groups and the groups picked, so the copies form
-  groups mirroring the originals, and where each chosen expert weighs its own unnormalised score
-  (`norm_topk_prob=False`) `routed_scaling_factor` is divided by the factor. `check_routing` first proves on a copy
-  of the router that the copies of an expert get its weight between them, else refuses the family by name;
-* the config follows: `num_hidden_layers`, `layer_types`, the dense layers (`mlp_only_layers` as an explicit list
-  with `decoder_sparse_step` 1; `first_k_dense_replace`, refused where the dense layers would not stay first), the
-  expert count, `num_experts_per_tok`, `n_group`, `topk_group`, `routed_scaling_factor`; so do the attributes the
-  modules copied from it, and the wrapper's recorded config (a grown model is rebuilt from its config, its
-  tokenizer still from where it came).
+* depth: the decoder layers grow by `framework.grow.base.grow_depth`, every `layer_idx` renumbered (KV cache);
+* width: expert tensors and router rows repeated along the expert dim (copy j of expert i at i + j·E), each copy
+  plus N(0, (α·σ)²) (σ: that expert's tensor, or the router's whole weight / bias), expert-indexed buffers repeated
+  exactly, top-k and group-limited routing's groups × factor (the copies form groups mirroring the originals);
+  `check_routing` first proves the routing kept at α = 0, else the family is refused by name;
+* the config follows (layer count and types, dense layers, expert counts, groups, scale), so do the attributes the
+  modules copied from it, and the wrapper's recorded config.
 
-`zero_init_copies` zeroes each copied layer's residual outputs (`HF_ZERO_PATTERNS`: attention `o_proj`, Mamba's
-`out_proj`, the experts' `down_proj` and its bias, the shared experts' and the dense MLP's `down_proj`, the shared
-MLP's `output_linear`), so the grown model computes the same logits.
+`zero_init_copies` zeroes each copied layer's residual outputs (`HF_ZERO_PATTERNS`), in the families a test proves
+(`ZERO_INIT_FAMILIES`), so the grown model computes the same logits.
 """
 
 from __future__ import annotations

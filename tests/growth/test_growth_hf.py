@@ -286,11 +286,12 @@ def test_deepseek_v3_group_limited_routing_is_carried_and_the_grown_model_reopen
         assert torch.equal(block.gate.e_score_correction_bias, bias.repeat(2))
     with torch.no_grad():
         ref = model(IDS).logits
-        grow(model, width_factor=2, noise_alpha=0.0)
+        grow(model, depth_factor=2, width_factor=2, noise_alpha=0.0, zero_init_copies=True)
         out = model(IDS).logits
     assert rel(out, ref) < 1e-5
     cfg = model.config  # copy j of expert i at i + j·E: the copies form 2 groups of their own, 2 groups are picked
     assert (cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group) == (8, 4, 4, 2)
+    assert (cfg.num_hidden_layers, cfg.first_k_dense_replace) == (4, 2) and dense_layers(model) == [0, 1]
     assert cfg.routed_scaling_factor == (2.5 if norm else 1.25)  # unnormalised: both copies weigh the full score
     for block in moe_blocks(model):
         gate = block.gate
