@@ -66,6 +66,7 @@ class LayerKVCache(PaddedRows):
         self.v_stream: Tensor | None = None
         self.pads: Tensor | None = None  # (batch,) left padding of each row; None: no row is padded
         self.sliding: int | None = None  # the layer's sliding window (transformers' `sliding_window`), None: none
+        self.full_start = 0  # the position the full heads' buffers start at (a sliding layer drops what none reach)
         self.softcap: float | None = None  # attention-logit softcapping (Gemma 2)
         self._sinks: Tensor | None = None  # sink logits of the query heads being attended (gpt-oss)
 
@@ -118,27 +119,51 @@ class LayerKVCache(PaddedRows):
         own tensor's dtype (under autocast a rotated key can be float32 while its value is bfloat16)."""
         if self.k_full is not None and end <= self.k_full.shape[2]:
             return
-        size = max(end, self.capacity or 0, 2 * (0 if self.k_full is None else self.k_full.shape[2]))
+        capacity = min(self.capacity or 0, 2 * self.sliding) if self.sliding else self.capacity or 0
+        size = max(end, capacity, 2 * (0 if self.k_full is None else self.k_full.shape[2]))
+        held = self.length - self.full_start
         k_new, v_new = (x.new_zeros(x.shape[0], x.shape[1], size, x.shape[3]) for x in (k, v))
         if self.k_full is not None:
-            k_new[:, :, :self.length], v_new[:, :, :self.length] = (
-                x[:, :, :self.length] for x in (self.k_full, self.v_full))
+            k_new[:, :, :held], v_new[:, :, :held] = (x[:, :, :held] for x in (self.k_full, self.v_full))
         self.k_full, self.v_full = k_new, v_new
+
+    def _slide(self, t: int) -> None:
+        """A sliding layer's full heads keep only the `sliding - 1` positions a later query reaches (as transformers'
+        own sliding layers do): before a write the buffers cannot take, that tail moves to their front, in place
+        (amortised: once every `sliding` or more steps), or into new buffers of 2 × `sliding` (a long prompt's
+        buffers are let go)."""
+        held = self.length - self.full_start
+        if self.k_full is None or held + t <= self.k_full.shape[2]:
+            return
+        keep = min(held, self.sliding - 1)
+        tail = [x.narrow(2, held - keep, keep) for x in (self.k_full, self.v_full)]
+        if keep + t <= self.k_full.shape[2] <= 2 * self.sliding + t and held >= 2 * keep:  # no overlap: in place
+            for buffer, part in zip((self.k_full, self.v_full), tail, strict=True):
+                buffer.narrow(2, 0, keep).copy_(part)
+        else:
+            size = max(keep + t, 2 * self.sliding)
+            new = [x.new_zeros(x.shape[0], x.shape[1], size, x.shape[3]) for x in (self.k_full, self.v_full)]
+            for buffer, part in zip(new, tail, strict=True):
+                buffer.narrow(2, 0, keep).copy_(part)
+            self.k_full, self.v_full = new
+        self.full_start = self.length - keep
 
     def _attend_full(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         start, t = self.length, q.shape[2]
-        end = start + t
-        self._reserve_full(k, v, end)
-        self.k_full.narrow(2, start, t).copy_(k)
-        self.v_full.narrow(2, start, t).copy_(v)
+        if self.sliding:
+            self._slide(t)
+        base, end = self.full_start, start + t
+        self._reserve_full(k, v, end - base)
+        self.k_full.narrow(2, start - base, t).copy_(k)
+        self.v_full.narrow(2, start - base, t).copy_(v)
         if self.pads is not None:
-            return self._attend_full_padded(q, end)
-        keys, values = self.k_full.narrow(2, 0, end), self.v_full.narrow(2, 0, end)
+            return self._attend_full_padded(q, end, base)
+        keys, values = self.k_full.narrow(2, 0, end - base), self.v_full.narrow(2, 0, end - base)
         if self.sliding and end > self.sliding:  # a sliding layer: each query sees its window's keys
             if t == 1:
-                return self._attn(q, keys.narrow(2, end - self.sliding, self.sliding),
-                                  values.narrow(2, end - self.sliding, self.sliding))
-            return self._attend_window(q, keys, values, start)
+                return self._attn(q, keys.narrow(2, end - base - self.sliding, self.sliding),
+                                  values.narrow(2, end - base - self.sliding, self.sliding))
+            return self._attend_window(q, keys, values, start - base)
         causal = t > 1 and start == 0  # a prompt into an empty cache: no (t, t) mask is built
         mask = None if t == 1 or causal else torch.ones(t, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
         return self._attn(q, keys, values, mask, causal)
@@ -222,6 +247,7 @@ class LayerKVCache(PaddedRows):
             raise ValueError(f"preload needs an empty cache; this one holds {self.length} positions")
         t = k.shape[2]
         self.k_full = self.v_full = self.k_stream = self.v_stream = self.pads = None
+        self.full_start = 0
         if self.n_full:
             full_idx = self.full_idx.to(k.device)
             k_full, v_full = k[:, full_idx], v[:, full_idx]
@@ -241,12 +267,16 @@ class LayerKVCache(PaddedRows):
     def entries(self) -> Tensor:
         """How many positions each KV head holds: `length` for full heads, `min(length, sink + recent)` else."""
         held = torch.full(self.full.shape, min(self.length, self.sink + self.recent), dtype=torch.long)
-        held[self.full] = self.length
+        held[self.full] = self._full_held()
         return held
+
+    def _full_held(self) -> int:
+        """Positions a full head holds: all of them, or on a sliding layer the `sliding - 1` a later query reaches."""
+        return min(self.length, self.sliding - 1) if self.sliding else self.length
 
     def nbytes(self) -> int:
         """Bytes of the keys and values held (not the buffers' spare capacity), each buffer at its own dtype."""
-        full, stream = self.n_full * self.length, self.n_stream * min(self.length, self.sink + self.recent)
+        full, stream = self.n_full * self._full_held(), self.n_stream * min(self.length, self.sink + self.recent)
         buffers = ((full, self.k_full), (full, self.v_full), (stream, self.k_stream), (stream, self.v_stream))
         return sum(n * x.shape[0] * x.shape[3] * x.element_size() for n, x in buffers if x is not None)
 

@@ -46,15 +46,17 @@ class PaddedRows:
     def _attn(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
         raise NotImplementedError  # LayerKVCache's: attention as the model computes it
 
-    def _attend_full_padded(self, q: Tensor, end: int) -> Tensor:
-        """Full heads of a left-padded batch, their keys already stored (see the module's docstring)."""
+    def _attend_full_padded(self, q: Tensor, end: int, base: int = 0) -> Tensor:
+        """Full heads of a left-padded batch, their keys already stored from position `base` on (see the module's
+        docstring)."""
         t, device = q.shape[2], q.device
         pad = self.pads[:, None, None, None]
-        keys, values = self.k_full.narrow(2, 0, end), self.v_full.narrow(2, 0, end)
+        keys, values = self.k_full.narrow(2, 0, end - base), self.v_full.narrow(2, 0, end - base)
         if t == 1:
-            mask = torch.arange(end, device=device) >= pad
+            position = torch.arange(base, end, device=device)
+            mask = position >= pad
             if self.sliding:
-                mask &= torch.arange(end, device=device) > end - 1 - self.sliding
+                mask &= position > end - 1 - self.sliding
             return self._attn(q, keys, values, mask)
         outs = []
         for a in range(0, t, self.prefill_chunk):

@@ -67,6 +67,25 @@ def cached_logits(model: HFCausalLM, seq: torch.Tensor, prompt: int, full: torch
     return torch.cat(steps, dim=1), cache
 
 
+def windows(config) -> list[int | None]:
+    """Each layer's sliding window, read from the config as transformers does (`layer_types`; Mistral's window
+    spans every layer)."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None) or ["sliding_attention"] * config.num_hidden_layers
+    return [window if kind == "sliding_attention" else None for kind in types]
+
+
+def theory_nbytes(model: HFCausalLM, full: torch.Tensor, length: int, batch: int = 2) -> int:
+    """Bytes a mixed cache holds after `length` positions: a full head every position (on a sliding layer the
+    window - 1 a later query reaches), a compressed head sink + recent; keys and values at their own head dims."""
+    key_dim, value_dim = head_dims(model.hf.config)
+    positions = 0
+    for layer, window in zip(full, windows(model.hf.config), strict=True):
+        kept = min(length, window - 1) if window else length
+        positions += int(layer.sum()) * kept + int((~layer).sum()) * min(length, sum(WINDOW))
+    return positions * batch * (key_dim + value_dim) * 4
+
+
 def head_dims(config) -> tuple[int, int]:
     """(key, value) head dims of a config: MLA's own, else head_dim (hidden / heads where there is none)."""
     if getattr(config, "kv_lora_rank", None):
@@ -110,9 +129,7 @@ def test_the_mixed_cache_at_s_half_is_the_hard_gated_model_and_holds_the_theorys
         gated = model(seq, gates=full.float(), window=WINDOW)
     logits, cache = cached_logits(model, seq, 14, full)
     close(logits, gated, family)
-    key_dim, value_dim = head_dims(model.hf.config)
-    positions = full.sum() * 20 + (~full).sum() * min(20, sum(WINDOW))
-    assert cache_nbytes(cache) == int(positions) * 2 * (key_dim + value_dim) * 4, family
+    assert cache_nbytes(cache) == theory_nbytes(model, full, 20), family
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -168,8 +185,15 @@ def test_long_prompts_in_small_chunks_keep_every_family_exact(family, monkeypatc
     with torch.no_grad():
         own = model(seq)
         gated = model(seq, gates=full.float(), window=WINDOW)
-    close(cached_logits(model, seq, 40, None)[0], own, f"{family} s=0")
-    close(cached_logits(model, seq, 40, full)[0], gated, f"{family} s>0")
+    logits, cache = cached_logits(model, seq, 40, None)
+    close(logits, own, f"{family} s=0")
+    assert cache_nbytes(cache) == theory_nbytes(model, torch.ones_like(full), 52), family
+    logits, cache = cached_logits(model, seq, 40, full)
+    close(logits, gated, f"{family} s>0")
+    assert cache_nbytes(cache) == theory_nbytes(model, full, 52), family
+    for layer, window in zip(cache.layers, windows(model.hf.config), strict=True):
+        if window and layer.kv.k_full is not None:  # a sliding layer's full heads: a buffer of 2 windows, not 52
+            assert layer.kv.k_full.shape[2] <= 2 * window + 1, (family, layer.kv.k_full.shape)
     cache = model.mixed_cache(full, window=WINDOW, prefill="full")
     with torch.no_grad():
         close(model(seq[:, :40], cache=cache), own[:, :40], f"{family} full prefill")
