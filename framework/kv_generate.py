@@ -71,8 +71,9 @@ def check_positions(prompt: int, new: int, limit: int | None) -> None:
 
 def full_cache_nbytes(cache: Any) -> int:
     """Bytes the standard cache holds for the positions `cache` (a mixed KV cache) has seen: every KV head keeps every
-    position, the keys and the values each at their own head dim and dtype, read from the buffers the attention
-    handed the mixed cache (an MLA model's keys are qk_nope + qk_rope wide, its values v_head_dim)."""
+    position (on a sliding layer the window - 1 a later query reaches), the keys and the values each at their own
+    head dim and dtype, read from the buffers the attention handed the mixed cache (an MLA model's keys are qk_nope +
+    qk_rope wide, its values v_head_dim)."""
     total = 0
     for layer in cache.layers:
         kv = layer.kv
@@ -80,7 +81,8 @@ def full_cache_nbytes(cache: Any) -> int:
         v = kv.v_full if kv.v_full is not None else kv.v_stream
         if k is not None:
             per_head = k.shape[3] * k.element_size() + v.shape[3] * v.element_size()
-            total += k.shape[0] * (kv.n_full + kv.n_stream) * kv.length * per_head
+            positions = min(kv.length, kv.sliding - 1) if kv.sliding else kv.length
+            total += k.shape[0] * (kv.n_full + kv.n_stream) * positions * per_head
     return total
 
 
@@ -151,7 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"window {window}, {args.dtype} on {device}")
     if own != full_bytes:  # an MLA model caches its compressed latents, not the per-head keys and values
         print(f"transformers' own cache holds {own:,} bytes for these positions (the mixed cache {held / own:.3f} "
-              "times that): it caches other tensors than per-head keys and values (MLA's latents, a sliding window)")
+              "times that): it caches other tensors than per-head keys and values (an MLA model's latents)")
     return {"tokens": new, "bytes": held, "full_bytes": full_bytes, "own_bytes": own, "device": str(device)}
 
 

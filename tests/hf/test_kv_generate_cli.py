@@ -64,10 +64,18 @@ def test_it_decodes_and_reports_the_bytes_held(llama, capsys):
     assert "2 of 4 KV heads full at s=0.5, window (1, 4), float32 on " in out and out.startswith("tokens: [")
 
 
-def test_at_s0_the_cache_held_is_the_full_cache_and_transformers_own(llama, capsys):
+@pytest.fixture(scope="module")
+def mistral_window(llama, tmp_path_factory):
+    """A tiny Mistral with a sliding window of 4 positions (every layer), the Llama's pattern files beside it."""
+    return save_model("mistral", tmp_path_factory.mktemp("kv_generate_window") / "m", sliding_window=4), llama[1]
+
+
+@pytest.mark.parametrize("model", ["llama", "mistral_window"])
+def test_at_s0_the_cache_held_is_the_full_cache_and_transformers_own(model, request, capsys):
+    """At s = 0 the mixed cache holds what transformers' own cache holds (a sliding layer: the window - 1)."""
     from framework.kv_generate import parse_args, run
 
-    folder, root = llama
+    folder, root = request.getfixturevalue(model)
     ids = [5, 6, 7, 8, 9, 10, 11, 12]
     got = run(parse_args([str(folder), "--pattern", str(root / "fits"), "--sparsity", "0", "--ids",
                           " ".join(map(str, ids)), "-n", "6"]))
