@@ -113,3 +113,15 @@ def save_model(family: str, folder: Path, seed: int = 0, with_tokenizer: bool = 
     if with_tokenizer:
         tok.save_pretrained(str(folder))
     return folder
+#: the matrix families orthogonal growth takes (tests/growth/test_growth_hf.py: depth and width, function kept)
+GROWN = ("mixtral", "granitemoe", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")
+
+
+def matrix_table() -> str:
+    """The matrix as README and docs/hf_models.md print it (tests/hf/test_family_matrix.py checks both hold it)."""
+    rows = ["| family | `model_type` | what sets it apart | RLKV gates, mixed KV cache, OLion / Muon | growth |",
+            "|---|---|---|---|---|"]
+    for family, values in MATRIX.items():
+        growth = "depth and width, function kept" if family in GROWN else "dense: refused by name"
+        rows.append(f"| {family} | `{values['model_type']}` | {FEATURES[family] or '—'} | exact | {growth} |")
+    return "\n".join(rows)

@@ -197,3 +197,22 @@ def test_long_prompts_in_small_chunks_keep_every_family_exact(family, monkeypatc
     cache = model.mixed_cache(full, window=WINDOW, prefill="full")
     with torch.no_grad():
         close(model(seq[:, :40], cache=cache), own[:, :40], f"{family} full prefill")
+
+
+def test_readme_and_the_hf_docs_print_the_matrix_as_tested():
+    """Both list every family of the matrix, what sets it apart and what it supports, from this file's table; the
+    growth column is what `check_moe` says of each model (the function kept: tests/growth/test_growth_hf.py)."""
+    from helpers import REPO
+    from hf_models import GROWN, matrix_table
+
+    from framework.grow.hf import check_moe
+
+    for doc in ("README.md", "docs/hf_models.md"):
+        assert matrix_table() in (REPO / doc).read_text(), f"{doc} lacks the family matrix as tests print it"
+    for family in FAMILIES:
+        model = build(family)
+        if family in GROWN:
+            check_moe(model.hf)
+        else:
+            with pytest.raises(ValueError, match="dense model"):
+                check_moe(model.hf)
