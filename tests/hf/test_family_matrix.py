@@ -216,3 +216,25 @@ def test_readme_and_the_hf_docs_print_the_matrix_as_tested():
         else:
             with pytest.raises(ValueError, match="dense model"):
                 check_moe(model.hf)
+
+
+def test_an_attention_feature_the_gates_cannot_carry_is_refused_by_name(tmp_path, capsys):
+    """DeepSeek-V3.2's sparse attention hands its attention `indices`: the gates, the cache and kv_generate refuse
+    it by name (one `error:` line, exit 2), never run it as dense attention."""
+    from framework.kv_generate import main
+    from framework.probes.allocation import HeadAllocation
+
+    values = {**MATRIX["deepseek_v3"], "model_type": "deepseek_v32", "index_topk": 4, "vocab_size": VOCAB,
+              "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": None}
+    torch.manual_seed(0)
+    model = HFCausalLM(config=values).eval()
+    ids = tokens(1, 12)
+    with pytest.raises(ValueError, match="DeepseekV32Attention hands its attention indices"):
+        model(ids, gates=torch.ones(model.gate_shape), window=WINDOW)
+    with pytest.raises(ValueError, match="indices|indexer"):  # transformers refuses our cache first
+        decode(model, ids, 2, full_heads=None, window=WINDOW)
+    model.save_pretrained(tmp_path / "model")
+    HeadAllocation.from_gates(torch.rand(model.gate_shape), *WINDOW).save(tmp_path / "pattern")
+    assert main([str(tmp_path / "model"), "--pattern", str(tmp_path / "pattern"), "--ids", "5 6 7 8 9", "-n", "2"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("error: ") and "index" in err[0], err
