@@ -25,7 +25,14 @@ import torch
 from torch import Tensor, nn
 
 from framework.models.base import RecordsConfig
-from framework.models.hf_loading import _transformers, fresh_hf_config, load_hf_config, load_tokenizer
+from framework.models.hf_loading import (
+    _transformers,
+    check_weight_files,
+    fresh_hf_config,
+    load_hf_config,
+    load_pretrained,
+    load_tokenizer,
+)
 from framework.models.transformer import check_window
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -112,6 +119,7 @@ class HFLanguageModel(RecordsConfig):
         attn_implementation: str | None = "sdpa",
         causal: bool = True,
         tokenizer: str | None = None,
+        strict: bool = True,
     ):
         super().__init__()
         self.bidirectional = not causal
@@ -128,11 +136,11 @@ class HFLanguageModel(RecordsConfig):
         if name_or_path is not None:
             hf_config = load_hf_config(str(name_or_path), revision)
             self._check_kind(hf_config, f"model.name_or_path={name_or_path}")
-            if _building_on_meta():  # the preflight: the architecture, not the weights
+            if _building_on_meta():  # the preflight: the architecture, and the weight files' headers
+                check_weight_files(str(name_or_path))
                 model = auto.from_config(hf_config, **kwargs)
             else:
-                model = auto.from_pretrained(str(name_or_path), revision=revision, use_safetensors=True,
-                                             trust_remote_code=False, **kwargs).train()  # it loads in eval mode
+                model = load_pretrained(auto, str(name_or_path), revision, strict, **kwargs).train()  # loads in eval
         else:
             hf_config = fresh_hf_config(config, vocab_size)
             self._check_kind(hf_config, f"model.config.model_type={hf_config.model_type}")
@@ -205,8 +213,10 @@ class HFCausalLM(HFLanguageModel):
 
     def __init__(self, name_or_path: str | None = None, config: dict[str, Any] | None = None,
                  vocab_size: int | None = None, revision: str | None = None, dtype: str = "float32",
-                 attn_implementation: str | None = "sdpa", causal: bool = True, tokenizer: str | None = None):
-        super().__init__(name_or_path, config, vocab_size, revision, dtype, attn_implementation, causal, tokenizer)
+                 attn_implementation: str | None = "sdpa", causal: bool = True, tokenizer: str | None = None,
+                 strict: bool = True):
+        super().__init__(name_or_path, config, vocab_size, revision, dtype, attn_implementation, causal, tokenizer,
+                         strict)
 
     @property
     def gate_shape(self) -> tuple[int, int]:
@@ -284,8 +294,9 @@ class HFMaskedLM(HFLanguageModel):
 
     def __init__(self, name_or_path: str | None = None, config: dict[str, Any] | None = None,
                  vocab_size: int | None = None, revision: str | None = None, dtype: str = "float32",
-                 attn_implementation: str | None = "sdpa", tokenizer: str | None = None):
-        super().__init__(name_or_path, config, vocab_size, revision, dtype, attn_implementation, tokenizer=tokenizer)
+                 attn_implementation: str | None = "sdpa", tokenizer: str | None = None, strict: bool = True):
+        super().__init__(name_or_path, config, vocab_size, revision, dtype, attn_implementation, tokenizer=tokenizer,
+                         strict=strict)
 
 
 def is_hf_model(model: Any) -> bool:

@@ -1,16 +1,26 @@
 """Loading what a Hugging Face model needs, by Hub id, folder or config: transformers (imported here, lazily), the
-config (with errors that name the bad id, folder or model type), a fresh config for a new model, the tokenizer."""
+config (with errors that name the bad id, folder or model type), the weights (checked: what the checkpoint lacks,
+holds beyond the model or holds in another shape is named), a fresh config for a new model, the tokenizer."""
 
 from __future__ import annotations
 
 import difflib
 import functools
 import json
+import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
+from framework.errors import InputError
+
+log = logging.getLogger(__name__)
+
 #: files a folder or repo of a transformers tokenizer holds (any one of them)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "tokenizer.model", "vocab.json")
+#: the weights `save_pretrained` writes: one file, or shards listed in the index
+WEIGHTS, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"
+SHOWN = 3  # tensor names an error shows per kind, then a count
 
 
 def _transformers() -> Any:
@@ -81,6 +91,106 @@ def _known_types_hint(name_or_path: str, revision: str | None) -> str:
         asked = ""
     close = difflib.get_close_matches(asked, known, n=3, cutoff=0.6)
     return (f"did you mean {' or '.join(map(repr, close))}? " if close else "") + f"{len(known)} model types"
+
+
+def load_pretrained(auto: Any, name_or_path: str, revision: str | None = None, strict: bool = True,
+                    **kwargs: Any) -> Any:
+    """`auto.from_pretrained` of a Hub id or folder (safetensors only, no remote code), saying what it loaded: weights
+    the checkpoint lacks (left at random init), holds beyond the model or holds in another shape are an InputError (a
+    ValueError) naming a few and the count, or with `strict=False` a warning; a damaged weights file is an InputError
+    naming it. Tied weights and non-persistent buffers are not missing (transformers' own loading report)."""
+    from safetensors import SafetensorError
+
+    where = f"model.name_or_path={name_or_path}"
+    check_weight_files(name_or_path)
+    try:
+        model, info = auto.from_pretrained(name_or_path, revision=revision, use_safetensors=True,
+                                           trust_remote_code=False, output_loading_info=True,
+                                           ignore_mismatched_sizes=True, **kwargs)  # mismatches: reported below
+    except SafetensorError as err:
+        for file in _cached_weight_files(name_or_path, revision):
+            _check_header(file, where)
+        raise InputError(f"{where}: a weights file of the checkpoint is damaged ({_first_line(err)}); fetch it "
+                         "again") from None
+    problems = weight_problems(info)
+    if not problems:
+        log.info("%s: all %d weights loaded from its checkpoint", where, len(model.state_dict()))
+        return model
+    message = f"{where}: the checkpoint does not fit the model: {'; '.join(problems)}"
+    if strict:
+        raise InputError(f"{message}. Is it another architecture or config? model.strict=false loads it anyway "
+                         "(what is missing or of another shape then trains from random init)")
+    warnings.warn(f"{message} (model.strict=false: loaded anyway)", UserWarning, stacklevel=2)
+    return model
+
+
+def weight_problems(info: dict[str, Any]) -> list[str]:
+    """transformers' loading info (`output_loading_info=True`) in words: one part per kind of problem, [] if none."""
+    missing, unexpected = sorted(info.get("missing_keys", ())), sorted(info.get("unexpected_keys", ()))
+    mismatched = [f"{key} (checkpoint {tuple(theirs)}, model {tuple(ours)})"
+                  for key, theirs, ours in sorted(info.get("mismatched_keys", ()))]
+    parts = [(missing, "missing (left at random init)"), (unexpected, "unexpected (in the checkpoint, not the model)"),
+             (mismatched, "of another shape (left at random init)")]
+    return [f"{len(names)} {what}: {_few(names)}" for names, what in parts if names]
+
+
+def _few(names: list[str]) -> str:
+    more = f", and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return ", ".join(names[:SHOWN]) + more
+
+
+def check_weight_files(name_or_path: str) -> None:
+    """A local folder's safetensors weights are there and whole: each file's header reads and covers its data (a
+    truncated or damaged file, a shard the index names but the folder lacks, or no safetensors at all: an InputError
+    naming the file). Reads headers only, so the CLI's preflight runs it; a Hub id is checked as it downloads."""
+    path = Path(name_or_path).expanduser()
+    if not path.is_dir():
+        return
+    where = f"model.name_or_path={name_or_path}"
+    index = path / WEIGHTS_INDEX
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError) as err:
+            raise InputError(f"{where}: {index} is damaged ({type(err).__name__}: {_first_line(err)})") from None
+        files = [path / shard for shard in shards]
+    elif (path / WEIGHTS).is_file():
+        files = [path / WEIGHTS]
+    else:
+        raise InputError(f"{where}: the folder has no {WEIGHTS} (nor {WEIGHTS_INDEX}); the framework reads "
+                         "safetensors only (a pytorch_model.bin is never unpickled): save_pretrained writes it")
+    for file in files:
+        if not file.is_file():
+            raise InputError(f"{where}: {file} is missing ({index} lists it)")
+        _check_header(file, where)
+
+
+def _check_header(file: Path, where: str) -> None:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="pt"):
+            pass
+    except SafetensorError as err:
+        raise InputError(f"{where}: {file} is damaged, not a whole safetensors file ({_first_line(err)}): a "
+                         "download or copy cut short? write or fetch it again") from None
+
+
+def _cached_weight_files(name_or_path: str, revision: str | None) -> list[Path]:
+    """The weights files of a Hub repo that are in the local cache (what a failed load read)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if Path(name_or_path).expanduser().is_dir():
+        return []
+    index = try_to_load_from_cache(name_or_path, WEIGHTS_INDEX, revision=revision)
+    names = [WEIGHTS]
+    if isinstance(index, str):
+        try:
+            names = sorted(set(json.loads(Path(index).read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError):
+            return [Path(index)]
+    found = [try_to_load_from_cache(name_or_path, name, revision=revision) for name in names]
+    return [Path(file) for file in found if isinstance(file, str)]
 
 
 def fresh_hf_config(config: dict[str, Any], vocab_size: int | None) -> Any:

@@ -1,0 +1,121 @@
+"""Loading the checkpoints users really hold (issue 43): weights missing from, unexpected in or of another shape than
+a checkpoint are named (an error, or a warning with `strict=False`), tied heads and non-persistent buffers are not
+missing, a damaged model.safetensors is one ValueError naming the file (one `error:` line and exit 2 on the CLI);
+a fresh config drops its family's special-token ids outside the data's vocabulary and its fixed head_dim;
+transformers picks the attention for the family; each `load_tokenizer` call gives a fresh tokenizer of the repo's
+current commit. Tiny Llama folders without a tokenizer (vocabulary 64) and a word-level tokenizer built here."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import finish, start_cli
+from hf_models import hf_config
+
+pytest.importorskip("transformers")
+
+from framework.models.hf import HFCausalLM  # noqa: E402
+
+VOCAB = 64
+DROPPED = ("model.layers.0.mlp.up_proj.weight", "model.norm.weight")
+SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "max_position_embeddings": 64}
+
+
+def _save(folder: Path, vocab: int = VOCAB, **changes) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(hf_config("llama", vocab, **changes)).save_pretrained(str(folder))
+    return folder
+
+
+def _rewrite(folder: Path, drop=(), add=None) -> dict:
+    """The folder's model.safetensors without `drop`, with `add`; returns what was there before."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    kept = {k: v for k, v in weights.items() if k not in drop}
+    save_file({**kept, **(add or {})}, folder / "model.safetensors", metadata={"format": "pt"})
+    return weights
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return _save(tmp_path_factory.mktemp("loading") / "llama")
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_missing_weights_are_an_error_naming_them_or_a_warning(tmp_path, tied):
+    folder = _save(tmp_path / "m", tie_word_embeddings=tied)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a whole checkpoint, tied head or not: not a word
+        whole = HFCausalLM(name_or_path=str(folder))
+    saved = _rewrite(folder, drop=DROPPED)
+    assert torch.equal(whole.hf.model.embed_tokens.weight, saved["model.embed_tokens.weight"])
+    assert (whole.hf.lm_head.weight.data_ptr() == whole.hf.model.embed_tokens.weight.data_ptr()) == tied
+    with pytest.raises(ValueError) as err:
+        HFCausalLM(name_or_path=str(folder))
+    message = str(err.value)
+    assert str(folder) in message and "2 missing" in message and all(k in message for k in DROPPED), message
+    assert "model.strict=false" in message and "unexpected (" not in message
+    with pytest.warns(UserWarning, match="2 missing") as caught:
+        loose = HFCausalLM(name_or_path=str(folder), strict=False)
+    assert all(k in str(caught[0].message) for k in DROPPED) and str(folder) in str(caught[0].message)
+    assert torch.equal(loose.hf.model.layers[1].mlp.up_proj.weight, saved["model.layers.1.mlp.up_proj.weight"])
+
+
+def test_unexpected_and_mismatched_weights_are_named(tmp_path, llama):
+    folder = tmp_path / "odd"
+    shutil.copytree(llama, folder)
+    extra = {f"model.layers.2.mlp.gate_proj.weight{i}": torch.zeros(2) for i in range(5)}
+    _rewrite(folder, add={**extra, "model.layers.1.mlp.down_proj.weight": torch.zeros(32, 8)})
+    with pytest.raises(ValueError) as err:
+        HFCausalLM(name_or_path=str(folder))
+    message = str(err.value)
+    assert "5 unexpected" in message and "and 2 more" in message and "missing (" not in message, message
+    assert "1 of another shape" in message and "model.layers.1.mlp.down_proj.weight" in message
+    assert "(32, 8)" in message and "(32, 64)" in message
+    with pytest.warns(UserWarning, match="5 unexpected"):
+        HFCausalLM(name_or_path=str(folder), strict=False)
+
+
+def test_a_damaged_safetensors_file_is_one_value_error_naming_it(tmp_path, llama):
+    folder = tmp_path / "damaged"
+    shutil.copytree(llama, folder)
+    weights = folder / "model.safetensors"
+    for damage in (weights.read_bytes()[:-100], b"", b"\x00" * 5):
+        weights.write_bytes(damage)
+        for meta in (False, True):  # the CLI's preflight builds on the meta device: it reads the file's header
+            with pytest.raises(ValueError) as err:
+                if meta:
+                    from accelerate import init_empty_weights
+
+                    with init_empty_weights():
+                        HFCausalLM(name_or_path=str(folder))
+                else:
+                    HFCausalLM(name_or_path=str(folder))
+            assert str(weights) in str(err.value) and "damaged" in str(err.value), str(err.value)
+    weights.unlink()
+    with pytest.raises(ValueError, match="no model.safetensors"):
+        HFCausalLM(name_or_path=str(folder))
+
+
+def test_a_damaged_checkpoint_through_the_real_command(tmp_path, llama):
+    """One `error:` line, exit 2, no checkpoint (the preflight refuses it: no run dir at all)."""
+    folder, run = tmp_path / "damaged", tmp_path / "run"
+    _save(folder, vocab=256)  # byte ids: char_lm's data keeps its own without a tokenizer
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    code, err = finish(start_cli(["recipe=char_lm", "model=hf_causal_lm", f"model.name_or_path={folder}",
+                                  "trainer.max_steps=1", "threads=1", f"hydra.run.dir={run}"]))
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    assert str(weights) in errors[0] and not (run / "checkpoints").exists()
+
+
+# ---- fresh configs -------
