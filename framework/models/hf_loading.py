@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "tokenizer.model", "vocab.json")
 #: the weights `save_pretrained` writes: one file, or shards listed in the index
 WEIGHTS, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"
+#: the special-token ids a config may hold (an int, or a list of ints for eos)
+TOKEN_ID_KEYS = tuple(f"{name}_token_id" for name in ("pad", "bos", "eos", "sep", "cls", "mask", "unk"))
 SHOWN = 3  # tensor names an error shows per kind, then a count
 
 
@@ -195,7 +197,12 @@ def _cached_weight_files(name_or_path: str, revision: str | None) -> list[Path]:
 
 def fresh_hf_config(config: dict[str, Any], vocab_size: int | None) -> Any:
     """A transformers config from `{"model_type": ..., **values}`; the data's `vocab_size` unless the config sets
-    one. ValueError for a missing or unknown model_type (with close matches)."""
+    one. ValueError for a missing or unknown model_type (with close matches).
+
+    What the family's defaults assume of a full-size model is fitted to this one, each change stated in a log line:
+    its special-token ids (`*_token_id`) outside the vocabulary are cleared (ids the user set there are a
+    ValueError naming the key), and a head_dim the family fixes regardless of the hidden size (qwen3: 128, gemma:
+    256) becomes hidden_size // num_attention_heads unless the config gives one (indivisible: a ValueError)."""
     transformers = _transformers()
     values = _plain(config)
     model_type = values.pop("model_type", None)
@@ -208,7 +215,71 @@ def fresh_hf_config(config: dict[str, Any], vocab_size: int | None) -> Any:
                          f"bert ({len(known)} in all)")
     if vocab_size is not None:
         values.setdefault("vocab_size", int(vocab_size))
-    return transformers.AutoConfig.for_model(model_type, **values)
+    hf_config = transformers.AutoConfig.for_model(model_type, **values)
+    changes = {**_fit_token_ids(hf_config, values), **_fit_head_dim(hf_config, values)}
+    return transformers.AutoConfig.for_model(model_type, **values, **changes) if changes else hf_config
+
+
+def _attr(config: Any, key: str) -> Any:
+    try:
+        return getattr(config, key, None)
+    except Exception:  # noqa: BLE001 - a per-layer attribute of a heterogeneous config: not one value
+        return None
+
+
+def _fit_token_ids(hf_config: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """The family's special-token ids outside the vocabulary, cleared (a list keeps the ids inside)."""
+    vocab = _attr(hf_config, "vocab_size")
+    if not isinstance(vocab, int):
+        return {}
+    inside = range(vocab)
+    changes: dict[str, Any] = {}
+    for key in TOKEN_ID_KEYS:
+        value = values[key] if key in values else _attr(hf_config, key)
+        ids = list(value) if isinstance(value, (list, tuple)) else [value]
+        if all(not isinstance(i, int) or i in inside for i in ids):
+            continue
+        if key in values:
+            raise ValueError(f"model.config.{key}={value} is outside the vocabulary (vocab_size={vocab}: ids "
+                             f"0..{vocab - 1}); give ids below {vocab}, or leave {key} out")
+        kept = [i for i in ids if isinstance(i, int) and i in inside] if isinstance(value, (list, tuple)) else []
+        changes[key] = kept or None
+    if changes:
+        was = ", ".join(f"{k}={_attr(hf_config, k)}" for k in changes)
+        log.info("model.config: the %s defaults %s are outside the vocabulary (vocab_size=%d): now %s (set them in "
+                 "model.config to choose)", hf_config.model_type, was, vocab,
+                 ", ".join(f"{k}={v}" for k, v in changes.items()))
+    return changes
+
+
+def _fit_head_dim(hf_config: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """head_dim = hidden_size // num_attention_heads where the family fixes its own (never for MLA families, whose
+    head sizes are their own fields, nor where the config gives one)."""
+    hidden, heads = _attr(hf_config, "hidden_size"), _attr(hf_config, "num_attention_heads")
+    head_dim = _attr(hf_config, "head_dim")
+    if "head_dim" in values or _attr(hf_config, "kv_lora_rank") is not None or not isinstance(head_dim, int) or \
+            not isinstance(hidden, int) or not isinstance(heads, int) or heads < 1:
+        return {}
+    if hidden % heads:
+        raise ValueError(f"model.config: hidden_size={hidden} is not divisible by num_attention_heads={heads}; give "
+                         "model.config.head_dim, or a hidden size divisible by the heads")
+    if head_dim == hidden // heads or not isinstance(_default_head_dim(type(hf_config)), int):
+        return {}
+    log.info("model.config: head_dim=%d (hidden_size %d // num_attention_heads %d), not the %s default %d (give "
+             "model.config.head_dim to choose)", hidden // heads, hidden, heads, hf_config.model_type, head_dim)
+    return {"head_dim": hidden // heads}
+
+
+def _default_head_dim(cls: type) -> Any:
+    """The head_dim a config class sets by default (an int where the family fixes one; None where it derives it)."""
+    import dataclasses
+    import inspect
+
+    if dataclasses.is_dataclass(cls):
+        field = {f.name: f for f in dataclasses.fields(cls)}.get("head_dim")
+        return None if field is None else field.default
+    param = inspect.signature(cls.__init__).parameters.get("head_dim")
+    return None if param is None else param.default
 
 
 @functools.lru_cache(maxsize=8)

@@ -7,6 +7,7 @@ current commit. Tiny Llama folders without a tokenizer (vocabulary 64) and a wor
 
 from __future__ import annotations
 
+import logging
 import shutil
 import warnings
 from pathlib import Path
@@ -19,6 +20,7 @@ from hf_models import hf_config
 pytest.importorskip("transformers")
 
 from framework.models.hf import HFCausalLM  # noqa: E402
+from framework.models.hf_loading import fresh_hf_config  # noqa: E402
 
 VOCAB = 64
 DROPPED = ("model.layers.0.mlp.up_proj.weight", "model.norm.weight")
@@ -118,4 +120,37 @@ def test_a_damaged_checkpoint_through_the_real_command(tmp_path, llama):
     assert str(weights) in errors[0] and not (run / "checkpoints").exists()
 
 
-# ---- fresh configs -------
+# ---- fresh configs ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model_type", ["phi3", "smollm3", "olmoe"])
+def test_a_fresh_config_drops_its_familys_token_ids_outside_the_datas_vocabulary(model_type, tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="framework.models.hf_loading"):
+        model = HFCausalLM(config={"model_type": model_type, **SMALL}, vocab_size=256)
+    ids = {k: getattr(model.hf.config, k, None) for k in ("pad_token_id", "bos_token_id", "eos_token_id")}
+    assert all(v is None or 0 <= v < 256 for v in ids.values()), ids
+    assert "outside the vocabulary" in caplog.text and "eos_token_id" in caplog.text
+    model.hf.save_pretrained(str(tmp_path))  # the generation config says no more than the model's
+    generation = (tmp_path / "generation_config.json").read_text()
+    assert all(str(n) not in generation for n in (32000, 50279, 128001, 128004)), generation
+    model(torch.randint(0, 256, (1, 8)))
+
+
+def test_token_ids_the_user_set_outside_the_vocabulary_are_an_error():
+    with pytest.raises(ValueError, match=r"model.config.pad_token_id=300 .*vocab_size=256"):
+        fresh_hf_config({"model_type": "llama", **SMALL, "pad_token_id": 300}, 256)
+    with pytest.raises(ValueError, match=r"model.config.eos_token_id=\[1, 999\]"):
+        fresh_hf_config({"model_type": "llama", **SMALL, "eos_token_id": [1, 999]}, 256)
+    kept = fresh_hf_config({"model_type": "phi3", **SMALL, "pad_token_id": 3}, 256)
+    assert kept.pad_token_id == 3 and kept.eos_token_id is None
+
+
+def test_a_fresh_config_without_head_dim_takes_hidden_over_heads(caplog):
+    with caplog.at_level(logging.INFO, logger="framework.models.hf_loading"):
+        config = fresh_hf_config({"model_type": "qwen3", **SMALL}, 256)
+    assert config.head_dim == 8 and "head_dim=8" in caplog.text
+    assert fresh_hf_config({"model_type": "qwen3", **SMALL, "head_dim": 16}, 256).head_dim == 16
+    assert fresh_hf_config({"model_type": "gemma", **SMALL}, 256).head_dim == 8
+    with pytest.raises(ValueError, match=r"hidden_size=30 .*num_attention_heads=4"):
+        fresh_hf_config({"model_type": "qwen3", **SMALL, "hidden_size": 30}, 256)
+
+
+# ---- attention
