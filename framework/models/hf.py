@@ -116,7 +116,7 @@ class HFLanguageModel(RecordsConfig):
         vocab_size: int | None = None,
         revision: str | None = None,
         dtype: str = "float32",
-        attn_implementation: str | None = "sdpa",
+        attn_implementation: str | None = None,
         causal: bool = True,
         tokenizer: str | None = None,
         strict: bool = True,
@@ -213,7 +213,7 @@ class HFCausalLM(HFLanguageModel):
 
     def __init__(self, name_or_path: str | None = None, config: dict[str, Any] | None = None,
                  vocab_size: int | None = None, revision: str | None = None, dtype: str = "float32",
-                 attn_implementation: str | None = "sdpa", causal: bool = True, tokenizer: str | None = None,
+                 attn_implementation: str | None = None, causal: bool = True, tokenizer: str | None = None,
                  strict: bool = True):
         super().__init__(name_or_path, config, vocab_size, revision, dtype, attn_implementation, causal, tokenizer,
                          strict)
@@ -294,7 +294,7 @@ class HFMaskedLM(HFLanguageModel):
 
     def __init__(self, name_or_path: str | None = None, config: dict[str, Any] | None = None,
                  vocab_size: int | None = None, revision: str | None = None, dtype: str = "float32",
-                 attn_implementation: str | None = "sdpa", tokenizer: str | None = None, strict: bool = True):
+                 attn_implementation: str | None = None, tokenizer: str | None = None, strict: bool = True):
         super().__init__(name_or_path, config, vocab_size, revision, dtype, attn_implementation, tokenizer=tokenizer,
                          strict=strict)
 

@@ -19,7 +19,7 @@ from hf_models import hf_config
 
 pytest.importorskip("transformers")
 
-from framework.models.hf import HFCausalLM  # noqa: E402
+from framework.models.hf import HFCausalLM, HFMaskedLM  # noqa: E402
 from framework.models.hf_loading import fresh_hf_config  # noqa: E402
 
 VOCAB = 64
@@ -153,4 +153,19 @@ def test_a_fresh_config_without_head_dim_takes_hidden_over_heads(caplog):
         fresh_hf_config({"model_type": "qwen3", **SMALL, "hidden_size": 30}, 256)
 
 
-# ---- attention
+# ---- attention --------------------------------------------------------------------------------------------------
+def test_transformers_picks_the_attention_for_the_family():
+    from framework.registry import MODELS
+
+    for cls in (HFCausalLM, HFMaskedLM):
+        import inspect
+
+        assert inspect.signature(cls).parameters["attn_implementation"].default is None
+    assert MODELS.build("hf_causal_lm", config={"model_type": "gemma2", **SMALL}, vocab_size=64) is not None
+    gemma2 = HFCausalLM(config={"model_type": "gemma2", **SMALL}, vocab_size=64)
+    assert gemma2.hf.config._attn_implementation == "eager"  # softcapping
+    oss = HFCausalLM(config={"model_type": "gpt_oss", **SMALL, "num_local_experts": 4, "num_experts_per_tok": 2},
+                     vocab_size=64)
+    for model in (gemma2, oss):
+        assert model(torch.randint(0, 64, (2, 8))).shape == (2, 8, 64)
+    assert HFCausalLM(config={"model_type": "llama", **SMALL}, vocab_size=64).hf.config._attn_implementation == "sdpa"
