@@ -5,7 +5,6 @@ holds beyond the model or holds in another shape is named), a fresh config for a
 from __future__ import annotations
 
 import difflib
-import functools
 import json
 import logging
 import warnings
@@ -282,10 +281,11 @@ def _default_head_dim(cls: type) -> Any:
     return None if param is None else param.default
 
 
-@functools.lru_cache(maxsize=8)
 def load_tokenizer(name_or_path: str, revision: str | None = None) -> Any | None:
     """The tokenizer saved with a model (a Hub id or a folder), or None where there is none. The model's config is
-    read first, so an unknown id or a bad folder is reported as `load_hf_config` reports it."""
+    read first, so an unknown id or a bad folder is reported as `load_hf_config` reports it. Each call gives a new
+    tokenizer of what the folder or the revision holds now (never one shared, mutable object: a caller may add
+    tokens; a repo pushed again reads new)."""
     transformers = _transformers()
     load_hf_config(name_or_path, revision)
     path = Path(name_or_path).expanduser()

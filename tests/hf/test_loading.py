@@ -19,7 +19,7 @@ from hf_models import hf_config
 
 pytest.importorskip("transformers")
 
-from framework.models.hf import HFCausalLM, HFMaskedLM  # noqa: E402
+from framework.models.hf import HFCausalLM, HFMaskedLM, load_tokenizer  # noqa: E402
 from framework.models.hf_loading import fresh_hf_config  # noqa: E402
 
 VOCAB = 64
@@ -169,3 +169,34 @@ def test_transformers_picks_the_attention_for_the_family():
     for model in (gemma2, oss):
         assert model(torch.randint(0, 64, (2, 8))).shape == (2, 8, 64)
     assert HFCausalLM(config={"model_type": "llama", **SMALL}, vocab_size=64).hf.config._attn_implementation == "sdpa"
+
+
+# ---- tokenizers -------------------------------------------------------------------------------------------------
+def _tokenizer(words: list[str]):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>", "<pad>", *words])}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>")
+
+
+def test_each_call_gives_a_fresh_tokenizer_of_the_repos_current_commit(tmp_path, hub):
+    folder = tmp_path / "with_tokenizer"
+    hf_config("llama", VOCAB).save_pretrained(str(folder))
+    _tokenizer(["hello", "world"]).save_pretrained(str(folder))
+    first = load_tokenizer(str(folder))
+    first.add_tokens(["<mine>"])
+    first.pad_token = "hello"
+    again = load_tokenizer(str(folder))
+    assert again is not first and len(again) == 4 and again.pad_token == "<pad>"
+    assert HFCausalLM.tokenizer_for(name_or_path=str(folder)) is not HFCausalLM.tokenizer_for(tokenizer=str(folder))
+
+    repo = "local-user/retokenized"
+    hub.api.create_repo(repo, exist_ok=True)
+    hub.api.upload_folder(repo_id=repo, folder_path=str(folder))
+    assert load_tokenizer(repo)("hello world")["input_ids"] == [2, 3]
+    _tokenizer(["world", "hello", "again"]).save_pretrained(str(folder))
+    hub.api.upload_folder(repo_id=repo, folder_path=str(folder))
+    pushed = load_tokenizer(repo)
+    assert len(pushed) == 5 and pushed("hello world")["input_ids"] == [3, 2]
