@@ -20,10 +20,12 @@ from framework.models.hf import HFCausalLM, HFMaskedLM  # noqa: E402  (transform
 MODELS.register(
     HFCausalLM, name="hf_causal_lm",
     description="A transformers causal LM (Llama, Qwen2/3, Mistral, Mixtral, Qwen2-MoE, OLMoE, ...) from a Hub id or "
-                "folder (name_or_path=) or a fresh config (config={model_type: llama, ...}), with its tokenizer.",
+                "folder (name_or_path=) or a fresh config (config={model_type: llama, ...}), with its tokenizer; "
+                "weights that do not fit the checkpoint are an error (strict=false: a warning).",
 )
 MODELS.register(
     HFMaskedLM, name="hf_masked_lm",
     description="A transformers masked LM (BERT, RoBERTa, ModernBERT, ...) by Hub id, folder or fresh config: a "
-                "bidirectional backbone for the mdlm module, with its tokenizer's [MASK].",
+                "bidirectional backbone for the mdlm module, with its tokenizer's [MASK]; weights that do not fit the "
+                "checkpoint are an error (strict=false: a warning).",
 )
