@@ -249,6 +249,7 @@ class DataSelection(L.Callback):
             self.policy.load_state_dict(trainer.strategy.broadcast(self.policy.state_dict(), src=0))
         row = {"epoch": epoch, "samples": self.epoch_samples, "batches": self.batches_done,
                "progress": self._progress(), "pruning": float(self.sampler.pruning),
+               "pruned": float(self.n - self.sampler.kept if self.sampler.pruning else 0),  # left out of its selection
                "epoch_fraction": self.epoch_samples / self.n, **info}
         self.history.append(row)
         self.open_epoch, self.batches_done, self.epoch_samples = None, 0, 0
@@ -287,7 +288,14 @@ class DataSelection(L.Callback):
         if self.table is None:
             return {}
         return {"selection/cost": self.cost(), "selection/samples_seen": float(self.samples_seen),
+                "selection/pruned": self.pruned(),
                 "selection/epochs": float(len(self.history)), "selection/overhead_s": self.overhead_s}
+
+    def pruned(self) -> float:
+        """Samples the policy left out of its epochs' selections, summed over the finished epochs (an epoch cut short
+        by max_steps counts whole: what it left out was never going to train in it); 0 for full data, and for a run
+        whose pruning epochs never came (see `schedule_warning`)."""
+        return float(sum(row.get("pruned", 0.0) for row in self.history))
 
     # -- checkpoint -------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

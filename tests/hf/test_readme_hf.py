@@ -1,5 +1,6 @@
 """README's "Your own Hugging Face model" section, run as printed, in order, against the local Hub: every command line
-(at its recipe's smoke size, `FRAMEWORK_SMOKE=1`) and every Python block (in a fresh process, as a reader would)."""
+(at its recipe's smoke size and steps, `FRAMEWORK_SMOKE=1`; a data-selection line keeps its own steps, which decide
+whether it prunes) and every Python block (in a fresh process, as a reader would)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,22 @@ def _blocks(section: str) -> list[tuple[str, str]]:
     return re.findall(r"^```(\w*)\n(.*?)^```", body, flags=re.M | re.S)
 
 
+def _smoke_steps(argv: list[str]) -> list[str]:
+    """A README training line at smoke length: its stated `trainer.max_steps` (which FRAMEWORK_SMOKE would keep, as it
+    keeps every key a command sets) left out, so smoke's steps apply; a data-selection line (`sampler=`) keeps its
+    own, since which epochs it prunes in is its length."""
+    assert any(a.startswith("trainer.max_steps=") for a in argv), f"a README training line states its steps: {argv}"
+    if any(a.startswith("sampler=") for a in argv):
+        return argv
+    return [a for a in argv if not a.startswith("trainer.max_steps=")]
+
+
 def _run_section(section: str, hub, tmp_path, one_folder: bool = False
                  ) -> tuple[list[str], list[tuple[str, dict | str]]]:
     """Every block of `section` in order: python blocks in a fresh process, `python -m MODULE` lines as printed (a
-    `framework.train` line at its recipe's smoke size), each line in a folder of its own or, `one_folder`, all of a
-    block in one (a line reads what the one before wrote). Returns the python blocks' stdout and (line, its
-    results.json or its stdout) per command line."""
+    `framework.train` line at its recipe's smoke size and steps, `_smoke_steps`), each line in a folder of its own or,
+    `one_folder`, all of a block in one (a line reads what the one before wrote). Returns the python blocks' stdout
+    and (line, its results.json or its stdout) per command line."""
     # one HF_HOME for the module's sections, as one user's machine has: their runs share one warm server
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "FRAMEWORK_SMOKE": "1",
            "HF_ENDPOINT": hub.url, "HF_TOKEN": "dummy", "HF_HOME": str(hub.root / "hf_home")}
@@ -50,7 +61,8 @@ def _run_section(section: str, hub, tmp_path, one_folder: bool = False
             where = cwd if one_folder else cwd / str(j)
             where.mkdir(exist_ok=True)
             before = set(where.glob("outputs/train/*/results.json"))
-            proc = warm_cli.run(argv[2], argv[3:], env, where, timeout=300)
+            args = _smoke_steps(argv[3:]) if argv[2] == "framework.train" else argv[3:]
+            proc = warm_cli.run(argv[2], args, env, where, timeout=300)
             assert proc.returncode == 0, f"{line}\n{proc.stderr[-3000:]}"
             if argv[2] != "framework.train":
                 ran.append((line, proc.stdout))
@@ -70,8 +82,9 @@ def test_the_section_runs_as_printed(hub, tmp_path):
     assert [lang for lang, _ in _blocks(SECTION)] == ["bash", "python", "bash", "python"]
     printed, ran = _run_section(SECTION, hub, tmp_path)
     for line, results in ran:
-        if "sampler=infobatch" in line:
+        if "sampler=infobatch" in line:  # it runs long enough to prune, and says how much it pruned
             assert results["metrics"]["selection/samples_seen"] > 0
+            assert results["metrics"]["selection/pruned"] > 0, results["metrics"]
     tokens = json.loads(printed[0].replace("(", "[").replace(")", "]"))
     assert len(tokens) == 8 and all(0 <= t < 256 for t in tokens)  # greedy bytes from transformers' own generate
     scores = eval(printed[1], {})  # noqa: S307 - the block's own printed dict of floats
