@@ -33,7 +33,7 @@ from framework.models.hf_loading import (
     load_pretrained,
     load_tokenizer,
 )
-from framework.models.transformer import check_window
+from framework.serving.attention import check_window
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -208,7 +208,7 @@ class HFCausalLM(HFLanguageModel):
 
     It takes RLKV's per-KV-head gates and a mixed KV cache as the framework's own `TransformerLM` does
     (`forward(ids, gates=, window=)`, `forward(ids, cache=)`, `gate_shape`, `mixed_cache`), through transformers'
-    attention interface (`framework.models.hf_attention`), so the probes and `decode` run on it unchanged.
+    attention interface (`framework.serving.hf_attention`), so the probes and `decode` run on it unchanged.
     """
 
     def __init__(self, name_or_path: str | None = None, config: dict[str, Any] | None = None,
@@ -221,7 +221,7 @@ class HFCausalLM(HFLanguageModel):
     @property
     def gate_shape(self) -> tuple[int, int]:
         """(layers, kv_heads): one gate per KV head, shared by the query heads of its group."""
-        from framework.models.hf_attention import attention_shape
+        from framework.serving.hf_attention import attention_shape
 
         if self.bidirectional:
             raise ValueError("this hf_causal_lm has causal=False: gates and KV caches need causal attention")
@@ -230,9 +230,9 @@ class HFCausalLM(HFLanguageModel):
 
     def mixed_cache(self, full_heads: Tensor | None = None, window: tuple[int, int] = (1, 4),
                     capacity: int | None = None, prefill: str = "streaming") -> Any:
-        """A transformers `Cache` (`framework.models.hf_attention.mixed_kv_cache`) for `forward(ids, cache=)` and
+        """A transformers `Cache` (`framework.serving.hf_attention.mixed_kv_cache`) for `forward(ids, cache=)` and
         for `self.hf.generate(ids, cache=...)`."""
-        from framework.models.hf_attention import mixed_kv_cache
+        from framework.serving.hf_attention import mixed_kv_cache
 
         self.gate_shape  # noqa: B018 - refuses a bidirectional model
         return mixed_kv_cache(self.hf, full_heads, window, capacity, prefill)
@@ -255,7 +255,7 @@ class HFCausalLM(HFLanguageModel):
              window: tuple[int, int] | None, cache: Any) -> Any:
         kwargs: dict[str, Any] = {"use_cache": cache is not None}
         if gates is not None or cache is not None:
-            from framework.models.hf_attention import NAME, use_rlkv_attention
+            from framework.serving.hf_attention import NAME, use_rlkv_attention
 
             shape = self.__dict__.get("_gate_shape")  # once per model: a decode loop calls this every token
             if shape is None:
@@ -267,7 +267,7 @@ class HFCausalLM(HFLanguageModel):
                     raise ValueError(f"gates of shape {tuple(gates.shape)} do not fit: expected (layers, kv_heads) = "
                                      f"{shape}")
                 kwargs.update(rlkv_gates=gates, rlkv_window=check_window(window))
-            if cache is not None:  # a padded prompt: left padding only (framework.models.hf_attention.left_padding)
+            if cache is not None:  # a padded prompt: left padding only (framework.serving.hf_attention.left_padding)
                 kwargs[cache_argument(self.hf)] = cache
         mask = None if key_padding_mask is None else key_padding_mask.long()
         return target(input_ids=idx, attention_mask=mask, **kwargs)
