@@ -20,7 +20,7 @@ def stream_mask(
     see key j iff j <= i and (j < sink or i - j < recent)."""
     i = torch.arange(t_q, device=device)[:, None] + offset
     j = torch.arange(t_k, device=device)[None, :]
-    return (j <= i) & ((j < sink) | (i - j < recent))
+    return causal_mask(t_q, t_k, offset, device=device) & ((j < sink) | (i - j < recent))
 
 
 def check_window(window: Any) -> tuple[int, int]:

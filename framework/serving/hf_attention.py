@@ -9,11 +9,11 @@ interface: no `forward` method is replaced.
   `g · full + (1 − g) · streaming`, one gate per KV head shared by its query group (RLKV's and DuoAttention's
   training objective; the same blend as `framework.models.transformer`);
 * with a `MixedKVCache` as the model's cache (`model(ids, cache=cache)`, `model.generate(ids, cache=cache)`;
-  `past_key_values=` before transformers renamed it), each layer's full heads keep every position and the others
-  the sink and the recent window in a fixed ring (`framework.serving.kv_cache.LayerKVCache`; a prompt's compressed
-  heads attend in chunks, so neither the work nor the mask grows with the prompt's square): the cache layer hands
-  itself to the attention call through the keyword arguments transformers passes to both, and the attention stores
-  and attends there.
+  `past_key_values=` before transformers renamed it), each layer's full heads keep every position (a sliding layer's:
+  the window's) and the others the sink and the recent window in a fixed ring
+  (`framework.serving.kv_cache.LayerKVCache`; a prompt's compressed heads attend in chunks, so neither the work nor
+  the mask grows with the prompt's square): the cache layer hands itself to the attention call through the keyword
+  arguments transformers passes to both, and the attention stores and attends there.
 
 A model whose attention does not go through the interface (`is_backend_compatible()` False) is refused by name.
 Prompts of different lengths go in one batch left-padded (with their attention mask): each row keeps its own sink and
@@ -71,16 +71,15 @@ def rlkv_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
         allowed = causal_mask(t, s, s - t, sliding_window, device=query.device)
     else:
         allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-    drop = dropout if module.training else 0.0
     if softcap is None and s_aux is None:  # exactly the model's sdpa
         full, _ = _sdpa()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     else:
-        full = attention(query, key, value, allowed, scale=scaling, dropout=drop, **features).transpose(1, 2)
+        full = attention(query, key, value, allowed, scale=scaling, dropout=dropout, **features).transpose(1, 2)
     if gates is None:
         return full, None
     sink, recent = check_window(window)
     mask = stream_mask(t, s, sink, recent, offset=s - t, device=query.device) & allowed
-    streamed = attention(query, key, value, mask.expand(query.shape[0], 1, t, s), scale=scaling, dropout=drop,
+    streamed = attention(query, key, value, mask.expand(query.shape[0], 1, t, s), scale=scaling, dropout=dropout,
                          **features).transpose(1, 2)
     heads, kv_heads = query.shape[1], key.shape[1]
     alpha = gates[module.layer_idx].to(full.dtype).repeat_interleave(heads // kv_heads)[None, None, :, None]
