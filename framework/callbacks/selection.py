@@ -288,14 +288,8 @@ class DataSelection(L.Callback):
         if self.table is None:
             return {}
         return {"selection/cost": self.cost(), "selection/samples_seen": float(self.samples_seen),
-                "selection/pruned": self.pruned(),
+                "selection/pruned": float(sum(row.get("pruned", 0.0) for row in self.history)),  # whole epochs
                 "selection/epochs": float(len(self.history)), "selection/overhead_s": self.overhead_s}
-
-    def pruned(self) -> float:
-        """Samples the policy left out of its epochs' selections, summed over the finished epochs (an epoch cut short
-        by max_steps counts whole: what it left out was never going to train in it); 0 for full data, and for a run
-        whose pruning epochs never came (see `schedule_warning`)."""
-        return float(sum(row.get("pruned", 0.0) for row in self.history))
 
     # -- checkpoint -------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -194,7 +194,8 @@ def check_routing(hf: nn.Module, block: nn.Module, factor: int, tokens: int = 64
     probe.experts.w = nn.Parameter(torch.zeros(n, 1, 1, device=router.weight.device))
     before = copy.deepcopy(probe.gate)
     grow_block_width(probe, factor, 0.0)
-    x = torch.randn(tokens, router.weight.shape[1], generator=torch.Generator().manual_seed(0))
+    generator = torch.Generator(router.weight.device).manual_seed(0)
+    x = torch.randn(tokens, router.weight.shape[1], generator=generator, device=generator.device)
     name = f"{hf.config.model_type} ({type(router).__name__})"
     with torch.no_grad():
         try:

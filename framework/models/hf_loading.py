@@ -222,7 +222,7 @@ def fresh_hf_config(config: dict[str, Any], vocab_size: int | None) -> Any:
 def _attr(config: Any, key: str) -> Any:
     try:
         return getattr(config, key, None)
-    except Exception:  # noqa: BLE001 - a per-layer attribute of a heterogeneous config: not one value
+    except (AttributeError, TypeError, ValueError, KeyError):  # a per-layer attribute of a heterogeneous config
         return None
 
 
@@ -295,11 +295,12 @@ def load_tokenizer(name_or_path: str, revision: str | None = None) -> Any | None
     else:
         from huggingface_hub import HfApi
 
-        try:
-            files = set(HfApi().list_repo_files(name_or_path, revision=revision))
+        try:  # the commit the revision names now: every file below is read from that one commit
+            info = HfApi().model_info(name_or_path, revision=revision, files_metadata=False)
         except Exception as err:  # noqa: BLE001 - whatever the Hub says, in the user's words
             raise ValueError(f"model.name_or_path={name_or_path}: cannot list the repo's files to find its tokenizer"
                              f" ({type(err).__name__}: {_first_line(err)})") from None
-        if not files.intersection(TOKENIZER_FILES):
+        if not {s.rfilename for s in info.siblings or ()}.intersection(TOKENIZER_FILES):
             return None
+        revision = info.sha or revision
     return transformers.AutoTokenizer.from_pretrained(name_or_path, revision=revision, trust_remote_code=False)

@@ -77,7 +77,7 @@ def _run_section(section: str, hub, tmp_path, one_folder: bool = False
     return printed, ran
 
 
-@pytest.mark.long
+@pytest.mark.slow  # make test-slow: make test's time limit
 def test_the_section_runs_as_printed(hub, tmp_path):
     assert [lang for lang, _ in _blocks(SECTION)] == ["bash", "python", "bash", "python"]
     printed, ran = _run_section(SECTION, hub, tmp_path)
@@ -108,7 +108,7 @@ def test_the_serving_section_runs_as_printed(hub, tmp_path):
     assert json.loads(tokens) == cli_tokens and int(nbytes) == int(held.replace(",", ""))
 
 
-@pytest.mark.long
+@pytest.mark.slow  # make test-slow: make test's time limit
 def test_the_grow_your_own_moe_section_runs_as_printed(hub, tmp_path):
     """An OLMoE pushed by name, grown by name and pushed in transformers' layout; transformers opens it with twice
     the layers, experts and experts per token; the growth record travels with it."""
