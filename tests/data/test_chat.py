@@ -1,0 +1,208 @@
+"""data=chat: TRL's row shapes rendered with stock chat templates (no generation markers), the loss on the answers.
+
+The tokenizers are built here, offline: a byte-level BPE (every text round-trips) with Llama-3's pre-tokenizing
+regex and a few merges, wrapped in transformers' PreTrainedTokenizerFast, with the families' own special tokens and
+their stock templates as Jinja strings.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from framework.data.chat import IGNORE, ChatRenderer, detect_shape, documents
+from framework.errors import InputError
+
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+SPECIALS = ["<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+            "<|eot_id|>", "<|user|>", "<|assistant|>", "<|system|>", "</s>", "<s>"]
+# stock templates, as the models ship them (Qwen2-Instruct, Meta-Llama-3-Instruct, zephyr-7b-beta)
+CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>"
+          "system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' "
+          "+ message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>"
+          "assistant\n' }}{% endif %}")
+LLAMA3 = ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>"
+          "' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if "
+          "loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if "
+          "add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+ZEPHYR = ("{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] "
+          "+ eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + "
+          "eos_token }}\n{% elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + "
+          "eos_token }}\n{% endif %}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif "
+          "%}\n{% endfor %}")
+# Mistral-Instruct-v0.3's way with a system prompt: it goes into the LAST user turn, so earlier renders change
+MISTRAL = ("{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}{%- set "
+           "loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}{{- bos_token }}"
+           "{%- for message in loop_messages %}{%- if message['role'] == 'user' %}{%- if loop.last and "
+           "system_message is defined %}{{- '[INST] ' + system_message + '\n\n' + message['content'] + '[/INST]' }}"
+           "{%- else %}{{- '[INST] ' + message['content'] + '[/INST]' }}{%- endif %}{%- elif message['role'] == "
+           "'assistant' %}{{- ' ' + message['content'] + eos_token}}{%- endif %}{%- endfor %}")
+FAMILIES = {  # template, bos, eos, the end token each assistant turn's targets close with
+    "chatml": (CHATML, None, "<|im_end|>"),
+    "llama3": (LLAMA3, "<|begin_of_text|>", "<|eot_id|>"),
+    "zephyr": (ZEPHYR, None, "</s>"),
+}
+CONVERSATION = [
+    {"role": "system", "content": "Answer in one word."},
+    {"role": "user", "content": "What colour is the sky?"},
+    {"role": "assistant", "content": "Blue."},
+    {"role": "user", "content": "And grass, at noon?"},
+    {"role": "assistant", "content": "Green, mostly."},
+]
+
+
+def tiny_tokenizer(template: str | None, bos: str | None = None, eos: str = "</s>", split: str = LLAMA3_SPLIT):
+    """A byte-level BPE tokenizer with a few merges ("\\n\\n" among them) and the families' special tokens."""
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    merges = [("Ċ", "Ċ"), ("h", "e"), ("Ġ", "t"), ("r", "e"), ("o", "r"), ("e", "n"), ("Ġt", "he")]
+    vocab = {c: i for i, c in enumerate(alphabet + ["".join(m) for m in merges])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos,
+                                   additional_special_tokens=[s for s in SPECIALS if s not in (bos, eos)])
+    fast.chat_template = template
+    return fast
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    return {name: tiny_tokenizer(t, bos, eos) for name, (t, bos, eos) in FAMILIES.items()}
+
+
+def targets(tok, doc) -> list[str]:
+    """The decoded runs of target tokens (each assistant turn's, in order)."""
+    ids, labels = doc
+    runs, run = [], []
+    for i, label in zip(ids, labels, strict=True):
+        if label != IGNORE:
+            assert label == i
+            run.append(int(i))
+        elif run:
+            runs, run = runs + [run], []
+    return [tok.decode(r) for r in runs + ([run] if run else [])]
+
+
+def renderer(tok, columns=None, **kw) -> ChatRenderer:
+    shape, mapped = detect_shape(["messages"] if columns is None else columns)
+    return ChatRenderer(tok, shape, mapped, **kw)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_stock_templates_train_on_each_assistant_turn_through_its_end_token(tokenizers, family):
+    tok, end = tokenizers[family], FAMILIES[family][2]
+    doc = renderer(tok).document({"messages": CONVERSATION}, 0)
+    assert targets(tok, doc) == [f"Blue.{end}", f"Green, mostly.{end}"]
+    assert tok.decode(doc[0]) == tok.apply_chat_template(CONVERSATION, tokenize=False)  # the whole render, unchanged
+    last = renderer(tok, train_on="last").document({"messages": CONVERSATION}, 0)
+    assert targets(tok, last) == [f"Green, mostly.{end}"] and np.array_equal(last[0], doc[0])
+    every = renderer(tok, train_on="all").document({"messages": CONVERSATION}, 0)
+    assert every[1] is None and np.array_equal(every[0], doc[0])
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused_by_name():
+    tok = tiny_tokenizer(MISTRAL, "<s>", "</s>")
+    tok.name_or_path = "tiny-mistral"
+    with pytest.raises(InputError, match=r"chat template of 'tiny-mistral' is not prefix-stable: on row 7.*"
+                                         r"data.train_on=all"):
+        renderer(tok).document({"messages": CONVERSATION}, 7)
+    assert renderer(tok, train_on="all").document({"messages": CONVERSATION}, 7)[1] is None
+
+
+def test_a_token_merged_across_a_turn_boundary_is_tokenized_turn_by_turn():
+    # GPT-2's regex splits "\n\nBlue" as "\n" "\n" "Blue" but a render ending "\n\n" as one merged token
+    tok = tiny_tokenizer(LLAMA3, "<|begin_of_text|>", "<|eot_id|>", split=GPT2_SPLIT)
+    plain = tok("x\n\n", add_special_tokens=False)["input_ids"]
+    assert plain[-1] == tok.convert_tokens_to_ids("ĊĊ")
+    chat = renderer(tok)
+    doc = chat.document({"messages": CONVERSATION}, 0)
+    assert targets(tok, doc) == ["Blue.<|eot_id|>", "Green, mostly.<|eot_id|>"]
+    assert chat.stats.split_tokens == 1 and tok.decode(doc[0]) == tok.apply_chat_template(CONVERSATION,
+                                                                                           tokenize=False)
+
+
+def test_prompt_completion_strings_train_on_the_completion_and_eos(tokenizers):
+    tok = tokenizers["chatml"]
+    chat = renderer(tok, columns=["prompt", "completion", "id"])
+    row = {"prompt": "2 + 2 =", "completion": " 4", "id": 3}
+    ids, labels = chat.document(row, 0)
+    assert targets(tok, (ids, labels)) == [" 4<|im_end|>"]
+    prompt, completion = chat.prompt_completion(row, 0)
+    assert tok.decode(prompt) == "2 + 2 =" and tok.decode(completion) == " 4<|im_end|>"
+    assert np.array_equal(np.concatenate([prompt, completion]), ids)
+
+
+def test_prompt_completion_message_lists_put_the_generation_prompt_in_the_prompt(tokenizers):
+    tok = tokenizers["llama3"]
+    with pytest.raises(InputError, match=r"columns 'question', 'answer', and neither shape fits \(messages needs "
+                                         r"'messages'; prompt/completion needs 'prompt' and 'completion'\)"):
+        detect_shape(["question", "answer"])
+    shape, mapped = detect_shape(["question", "answer"], {"prompt": "question", "completion": "answer"})
+    chat = ChatRenderer(tok, shape, mapped)
+    row = {"question": CONVERSATION[:2], "answer": CONVERSATION[2:3]}
+    prompt, completion = chat.prompt_completion(row, 0)
+    assert tok.decode(prompt).endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert tok.decode(completion) == "Blue.<|eot_id|>"
+    assert targets(tok, chat.document(row, 0)) == ["Blue.<|eot_id|>"]
+
+
+def test_sharegpt_conversations_read_through_the_column_map(tokenizers):
+    tok = tokenizers["zephyr"]
+    shape, mapped = detect_shape(["conversations"], {"messages": "conversations"})
+    row = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]}
+    assert targets(tok, ChatRenderer(tok, shape, mapped).document(row, 0)) == ["Hello</s>"]
+    with pytest.raises(InputError, match=r"data.columns names 'text'; the keys it maps are messages, prompt, "):
+        detect_shape(["conversations"], {"text": "conversations"})
+
+
+def test_a_conversation_with_no_assistant_turn_is_skipped_and_counted_and_none_left_is_refused(tokenizers):
+    chat = renderer(tokenizers["chatml"])
+    rows = [{"messages": CONVERSATION}, {"messages": CONVERSATION[:2]}, {"messages": CONVERSATION}]
+    assert len(list(documents(rows, chat))) == 2
+    assert (chat.stats.rows, chat.stats.documents, chat.stats.no_assistant) == (3, 2, 1)
+    assert "1 skipped with no assistant turn" in chat.stats.line()
+    with pytest.raises(InputError, match=r"no row is left to train on: chat: 0 of 2 rows kept .* 2 skipped with "
+                                         r"no assistant turn"):
+        list(documents([{"messages": CONVERSATION[:2]}] * 2, renderer(tokenizers["chatml"])))
+
+
+def test_a_row_longer_than_seq_len_is_cut_and_counted_or_refused(tokenizers):
+    tok = tokenizers["chatml"]
+    whole = renderer(tok).document({"messages": CONVERSATION}, 0)
+    n = len(whole[0])
+    chat = renderer(tok, seq_len=n - 3)
+    ids, labels = chat.document({"messages": CONVERSATION}, 0)
+    assert len(ids) == n - 3 and np.array_equal(ids, whole[0][: n - 3]) and chat.stats.truncated == 1
+    first_answer = int(np.flatnonzero(whole[1] != IGNORE)[0])
+    assert chat.stats.cut_out == 0
+    cut = renderer(tok, seq_len=first_answer)  # every target cut away: skipped, counted
+    assert cut.document({"messages": CONVERSATION}, 0) is None and cut.stats.cut_out == 1
+    with pytest.raises(InputError, match=rf"row 5 is {n} tokens, longer than data.seq_len={n - 1}; .*"
+                                         r"data.truncate=true"):
+        renderer(tok, seq_len=n - 1, truncate=False).document({"messages": CONVERSATION}, 5)
+
+
+def test_conversations_with_a_tokenizer_without_chat_template_are_refused_in_one_line():
+    tok = tiny_tokenizer(None)
+    tok.name_or_path = "tiny-base"
+    with pytest.raises(InputError, match=r"the tokenizer 'tiny-base' has no chat template; .*data.chat_template="):
+        renderer(tok).document({"messages": CONVERSATION}, 0)
+    assert renderer(tok, chat_template=CHATML).document({"messages": CONVERSATION}, 0) is not None
+    strings = renderer(tok, columns=["prompt", "completion"]).document({"prompt": "a", "completion": "b"}, 0)
+    assert targets(tok, strings) == ["b</s>"]  # strings need no template
+
+
+def test_malformed_rows_name_the_row_and_what_it_holds(tokenizers):
+    chat = renderer(tokenizers["chatml"])
+    with pytest.raises(InputError, match=r"row 4's 'messages' is a str, not a list"):
+        chat.document({"messages": "hi"}, 4)
+    with pytest.raises(InputError, match=r"row 2's 'messages' holds a message with \['role', 'text'\]"):
+        chat.document({"messages": [{"role": "user", "text": "hi"}]}, 2)
+    with pytest.raises(InputError, match=r"data.train_on='first'; valid: assistant, last, all"):
+        renderer(tokenizers["chatml"], train_on="first")
