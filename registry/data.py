@@ -1,4 +1,5 @@
-"""DataModules: everything ships with Python or a package, or is generated; nothing is downloaded."""
+"""DataModules: the built-in ones ship with Python or a package, or are generated (nothing is downloaded); `text`
+reads the user's own files or Hub dataset."""
 
 from framework.data.text import ByteCorpus
 from framework.registry import DATA
@@ -41,4 +42,13 @@ from framework.data.hubness import HubnessSweep  # noqa: E402
 DATA.register(
     HubnessSweep, name="hubness_sweep", n=2000, dims=[2, 16, 64, 256, 1024, 2048], seeds=3, seed=None,
     description="Hubness experiments as validation data: Gaussian dimension sweep, OOD fraction, digits + noise.",
+)
+
+from framework.data.user_text import TextData  # noqa: E402
+
+DATA.register(
+    TextData, name="text", seq_len=128, batch_size=32, seed=None,
+    description="Your own text: data.source= a file, folder or glob (.txt .jsonl .json .csv .parquet .arrow) or a "
+                "Hub dataset id (+ data.revision=), data.column=text; packed into seq_len rows, tokenized once "
+                "(cached by fingerprint).",
 )
