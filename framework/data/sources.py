@@ -184,8 +184,9 @@ def check_utf8(path: str, spec: str | None = None, chunk: int = 1 << 24) -> None
                 bad = offset - pending + err.start
                 with open(path, "rb") as again:
                     line = again.read(bad).count(b"\n") + 1
-                where = f"data.source={spec}: " if spec else ""
-                raise InputError(f"{where}{path} is not UTF-8 text: byte {bad} (line {line}) is "
+                same = spec is None or os.path.abspath(os.path.expanduser(spec)) == os.path.abspath(path)
+                what = f"data.source={path}" if same else f"data.source={spec}: {path}"
+                raise InputError(f"{what} is not UTF-8 text: byte {bad} (line {line}) is "
                                  f"{err.object[err.start:err.start + 1]!r}; re-encode the file as UTF-8") from None
             if not block:
                 return

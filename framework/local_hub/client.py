@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,8 @@ from pathlib import Path
 def patch_client(url: str, cache_dir: str | Path, token: str = "local-token") -> Iterator[None]:
     """Point the in-process `huggingface_hub` client at `url` with its cache in `cache_dir`; restores on exit.
 
-    Patches the constants read at call time and the module-level `HfApi` (whose endpoint froze at import),
+    Patches the constants read at call time and the module-level `HfApi` (whose endpoint froze at import), and
+    `datasets`' endpoint if it is imported already (else it reads the `HF_ENDPOINT` set here when it is),
     sets `HF_TOKEN` to a dummy so a real token is never sent to the local server, and points `HF_XET_CACHE`
     (read when the process first opens a Xet session, e.g. by `upload_folder`) at `cache_dir/xet`.
     """
@@ -24,6 +26,10 @@ def patch_client(url: str, cache_dir: str | Path, token: str = "local-token") ->
              (constants, "HF_HUB_CACHE"): str(cache_dir), (constants, "HF_HUB_DISABLE_TELEMETRY"): True}
     if hasattr(hf_api, "api"):
         attrs[(hf_api.api, "endpoint")] = url
+    datasets_config = sys.modules.get("datasets.config")  # `datasets` froze HF_ENDPOINT at import (if imported yet)
+    if datasets_config is not None:
+        attrs[(datasets_config, "HF_ENDPOINT")] = url
+        attrs[(datasets_config, "HUB_DATASETS_URL")] = url + "/datasets/{repo_id}/resolve/{revision}/{path}"
     env = {"HF_ENDPOINT": url, "HF_TOKEN": token, "HF_HUB_CACHE": str(cache_dir),
            "HF_XET_CACHE": str(Path(cache_dir) / "xet"), "HF_HUB_DISABLE_TELEMETRY": "1"}
     saved_attrs = {key: getattr(*key) for key in attrs}

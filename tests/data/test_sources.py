@@ -1,0 +1,94 @@
+"""`data.source=`: files, folders, globs and Hub datasets resolved through `datasets`, and the refusals a user meets
+(each names the value): missing, empty, not UTF-8, a missing column."""
+
+from __future__ import annotations
+
+import json
+
+import datasets  # noqa: F401 - imported before the `hub` fixture starts, as in a user's session: the patch repoints it
+import pytest
+
+from framework.data import sources
+from framework.errors import InputError
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_a_file_a_folder_and_a_glob_resolve_to_files_with_sizes_and_mtimes(tmp_path):
+    for name in ("b.txt", "a.txt"):
+        (tmp_path / name).write_text(f"the text of {name}\n")
+    (tmp_path / "notes.md").write_text("not data")
+    one = sources.resolve(str(tmp_path / "a.txt"))
+    assert one.builder == "text" and one.files == {"train": [str(tmp_path / "a.txt")]}
+    folder = sources.resolve(str(tmp_path))
+    assert folder.files == {"train": [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]}  # sorted, .md left out
+    assert folder.identity()["stats"][0][1] == (tmp_path / "a.txt").stat().st_size
+    assert sources.resolve(str(tmp_path / "*.txt")).files == folder.files
+    texts = [t for batch in sources.read_texts(folder, "train", "text") for t in batch]
+    assert texts == ["the text of a.txt\n", "the text of b.txt\n"]  # a .txt file is one document
+
+
+def test_a_folder_keeps_datasets_split_names(tmp_path):
+    _jsonl(tmp_path / "train.jsonl", [{"text": "a"}])
+    _jsonl(tmp_path / "validation.jsonl", [{"text": "b"}])
+    src = sources.resolve(str(tmp_path))
+    assert sorted(src.files) == ["train", "validation"] and src.builder == "json"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("{tmp}/missing.txt", "missing.txt: no such file or folder"),
+    ("{tmp}/*.parquet", "matches no files"),
+    ("{tmp}/empty.txt", "every file is empty"),
+    ("{tmp}/mixed", "mixes formats"),
+    ("{tmp}/data.bin", "cannot tell the format of '.bin'"),
+])
+def test_a_source_that_gives_nothing_is_refused_naming_it(tmp_path, spec, message):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "data.bin").write_bytes(b"x")
+    (tmp_path / "mixed").mkdir()
+    (tmp_path / "mixed" / "a.txt").write_text("a")
+    _jsonl(tmp_path / "mixed" / "b.jsonl", [{"text": "b"}])
+    with pytest.raises(InputError, match=message) as err:
+        sources.resolve(spec.format(tmp=tmp_path))
+    assert "data.source=" in str(err.value)
+
+
+def test_bytes_that_are_not_utf8_are_refused_naming_the_file_line_and_offset(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(b"first line\nsecond: caf" + "é".encode("latin-1") + b"\n")
+    with pytest.raises(InputError, match=r"data.source=\S*latin1.txt is not UTF-8 text: byte 22 \(line 2\)"):
+        sources.check(sources.resolve(str(path)), "text", ["train"])
+    ok = tmp_path / "ok.txt"  # a multi-byte character split across two read blocks is fine
+    ok.write_text("ab€" * 5, encoding="utf-8")
+    sources.check_utf8(str(ok), chunk=4)
+
+
+def test_a_missing_column_is_refused_naming_the_columns_there(tmp_path):
+    src = sources.resolve(str(_jsonl(tmp_path / "rows.jsonl", [{"body": "x", "id": 1}])))
+    with pytest.raises(InputError, match=r"data.column='text' is not a column of .*rows.jsonl.*columns: body, id"):
+        sources.check(src, "text", ["train"])
+    assert sources.check(src, "body", ["train"]) == ["body", "id"]
+    with pytest.raises(InputError, match="data.column='id' of .* holds int values"):
+        list(sources.read_texts(src, "train", "id"))
+
+
+def test_a_hub_dataset_is_read_by_name_at_the_revision_given(tmp_path, hub):
+    repo = "me/notes"
+    hub.api.create_repo(repo, repo_type="dataset")
+    up = tmp_path / "up"
+    up.mkdir()
+    shas = []
+    for words in ("old", "new"):
+        _jsonl(up / "train.jsonl", [{"text": f"{words} {i}"} for i in range(3)])
+        shas.append(hub.api.upload_folder(folder_path=up, repo_id=repo, repo_type="dataset").oid)
+    pinned = sources.resolve(repo, revision=shas[0])
+    assert pinned.sha == shas[0] and pinned.format == "json" and pinned.identity() == {"hub": repo, "sha": shas[0]}
+    assert next(sources.read_texts(pinned, "train", "text")) == ["old 0", "old 1", "old 2"]
+    assert sources.resolve(repo).sha == shas[1]
+    with pytest.raises(InputError, match="the Hub at http://127.0.0.1:.* has no dataset repo 'me/absent'"):
+        sources.resolve("me/absent")
+    with pytest.raises(InputError, match="data.revision=v9: the Hub dataset 'me/notes'"):
+        sources.resolve(repo, revision="v9")
