@@ -1,0 +1,234 @@
+"""`data.streaming=true`: the training split read as a stream (`datasets` streaming, `split_dataset_by_node`),
+packed on the fly into the same rows the packed cache holds, equal steps on every rank, resumable at any step.
+
+Each rank reads its share of the split (`split_dataset_by_node`: whole files per rank when their number divides the
+world size, else 1 row in N of every file). Once per step the ranks agree (`reduce_boolean_decision`, one small
+collective) whether any of them still has rows it has not trained on this epoch; a rank whose share has ended
+starts it again (rows repeated and counted, as torch's DistributedSampler pads with repeats), so every rank takes
+the same number of steps and the epoch ends on all ranks at the same one. The order is the source's, with the files
+shuffled by (seed, epoch) (`datasets`' `set_epoch`); no shuffle buffer, whose contents a checkpoint would lose.
+
+The position after every step is small (the `datasets` state before the current read batch, the document and
+token reached in it): it goes into the run's checkpoint through Lightning's stateful-loader hooks, so a run killed
+mid-epoch resumes with the same next batch without reading what it already trained on.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from framework.data.packing import IGNORE, PackedRows
+from framework.errors import InputError
+
+#: a read batch's documents: token ids, or (ids, labels with -100 where no loss is taken)
+Documents = list[Any]
+
+
+def shard_order_epoch(seed: int | None, epoch: int) -> int:
+    """The `datasets` epoch whose file order this (seed, epoch) reads: `set_epoch(e)` shuffles the files by
+    `default_rng(e)` (e=0 keeps them in order), identically on every rank."""
+    return 1 + (seed or 0) * 1_000_003 + epoch
+
+
+def held_out(ids: np.ndarray, fraction: float) -> bool:
+    """A document is a validation document when the hash of its tokens falls in the first `fraction` of the range:
+    the same in any file order, on any rank, in any epoch (a stream has no stable document index)."""
+    return zlib.crc32(np.ascontiguousarray(ids).tobytes()) < fraction * 2**32
+
+
+def _split(doc: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, targets: 1 where a token is a target) of a document given as ids or (ids, labels)."""
+    ids, labels = doc if isinstance(doc, tuple) else (doc, None)
+    ids = np.asarray(ids)
+    targets = np.ones(len(ids), np.uint8) if labels is None else (np.asarray(labels) != IGNORE).astype(np.uint8)
+    return ids, targets
+
+
+class RankStream:
+    """One rank's share of the split as rows of `seq_len` tokens, laid out as `PackWriter` lays them (packing:
+    documents in order, continued across rows; else one document per row), endless: at the end of its share it
+    starts the share again (pass 1, 2, ...: repeated rows). `open_rows(epoch)` gives the rank's `datasets`
+    IterableDataset for that epoch; `documents(rows)` its documents, one list per read batch."""
+
+    def __init__(self, open_rows: Callable[[int], Any], documents: Callable[[Any], Iterator[Documents]],
+                 seq_len: int, packing: bool = True, split_documents: bool = True):
+        self.open_rows, self.documents = open_rows, documents
+        self.seq_len, self.packing, self.split_documents = seq_len, packing, split_documents
+        self.start(0)
+
+    def start(self, epoch: int, position: dict[str, Any] | None = None) -> None:
+        """Begin `epoch` from its first row, or from `position` (a `position()` of the same epoch)."""
+        p = position or {}
+        self.epoch, self.passes = epoch, p.get("pass", 0)
+        self.rows, self.repeated, self.ended = p.get("rows", 0), p.get("repeated", 0), p.get("ended", False)
+        self._open(p.get("state"))
+        self._skip = (p.get("doc", 0), p.get("token", 0))
+
+    def _open(self, state: dict | None) -> None:
+        self._ds = self.open_rows(self.epoch)
+        if state is not None:
+            self._ds.load_state_dict(state)
+        self._first_state, self._groups = state, None
+        self._group: list[tuple[np.ndarray, np.ndarray]] = []
+        self._group_state, self._doc, self._token = state, 0, 0
+        self._skip = (0, 0)
+
+    def position(self) -> dict[str, Any]:
+        """Where the next row starts: the `datasets` state before the current read batch, the document and token
+        in it; the pass, and this epoch's row counts."""
+        return {"epoch": self.epoch, "pass": self.passes, "state": self._group_state, "doc": self._doc,
+                "token": self._token, "rows": self.rows, "repeated": self.repeated, "ended": self.ended}
+
+    def _ready(self) -> bool:
+        """Point the cursor at the next token, reading on as needed; False when this pass's share has ended."""
+        while self._doc >= len(self._group) or self._token >= len(self._group[self._doc][0]):
+            if self._doc < len(self._group):
+                self._doc, self._token = self._doc + 1, 0
+                continue
+            if self._groups is None:
+                self._groups = iter(self.documents(self._ds))
+                before = self._first_state
+            else:
+                before = self._ds.state_dict()
+            group = next(self._groups, None)
+            if group is None:
+                return False
+            self._group, self._group_state = [_split(d) for d in group], before
+            self._doc, self._token = self._skip
+            self._skip = (0, 0)
+        return True
+
+    def has_fresh(self) -> bool:
+        """Whether the next row holds tokens not yet trained on this epoch (the first pass has not ended)."""
+        if self.passes == 0 and not self.ended and not self._ready():
+            self.ended = True
+        return self.passes == 0 and not self.ended
+
+    def _next_token_ready(self) -> bool:
+        """`_ready`, starting the share again when it ended; InputError when a whole pass gives no token."""
+        if self._ready():
+            return True
+        self.ended, self.passes = True, self.passes + 1
+        self._open(None)
+        if not self._ready():
+            raise InputError("data.streaming: this rank's share of the training split has no text (a source with "
+                             "fewer rows or files than ranks?); add data or use fewer devices")
+        return True
+
+    def next_row(self) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """The next row: its tokens, targets (1 = a target) and where each document (or piece) starts."""
+        ids: list[np.ndarray] = []
+        targets: list[np.ndarray] = []
+        starts: list[int] = []
+        fill, fresh = 0, False
+        while fill < self.seq_len:
+            if fill and not self._ready():
+                break  # the share ends here: a row never mixes two passes
+            if not fill:
+                self._next_token_ready()
+            doc_ids, doc_targets = self._group[self._doc]
+            if fill and self._token == 0 and self._starts_new_row(len(doc_ids), fill):
+                break
+            take = min(self.seq_len - fill, len(doc_ids) - self._token)
+            starts.append(fill)
+            ids.append(doc_ids[self._token:self._token + take])
+            targets.append(doc_targets[self._token:self._token + take])
+            fresh |= self.passes == 0
+            fill, self._token = fill + take, self._token + take
+        self.rows += 1
+        self.repeated += not fresh
+        return np.concatenate(ids), np.concatenate(targets), starts
+
+    def _starts_new_row(self, length: int, fill: int) -> bool:
+        """PackWriter's rule: one document per row unpacked; packed, a whole document that does not fit what is
+        left of the row starts the next one when documents are not split."""
+        return not self.packing or (not self.split_documents and length > self.seq_len - fill)
+
+
+def collate(rows: list[tuple[np.ndarray, np.ndarray, list[int]]], seq_len: int, packing: bool, pad_id: int,
+            first_index: int, index_step: int = 1) -> dict[str, torch.Tensor]:
+    """Rows as one batch dict, read by `PackedRows` itself (the same labels, positions and padding as the cache)."""
+    lengths = [len(ids) for ids, _, _ in rows]
+    row_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    doc_starts = np.concatenate([np.asarray(s, np.int64) + o for (_, _, s), o in zip(rows, row_starts, strict=False)])
+    targets = np.concatenate([t for _, t, _ in rows])
+    arrays = {"tokens": np.concatenate([ids for ids, _, _ in rows]), "row_starts": row_starts,
+              "doc_starts": doc_starts}
+    if not targets.all():
+        arrays["targets"] = targets
+    view = PackedRows.__new__(PackedRows)  # the cache's reader over in-memory arrays
+    view.folder, view.pad_id, view.seq_len, view.packing = None, pad_id, seq_len, packing
+    view.meta, view._arrays = {"rows": len(rows), "seq_len": seq_len, "packing": packing}, arrays
+    items = [view[i] for i in range(len(rows))]
+    batch = {key: torch.stack([item[key] for item in items]) for key in items[0]}
+    batch["index"] = first_index + index_step * torch.arange(len(rows), dtype=torch.long)
+    return batch
+
+
+class StreamLoader:
+    """The training loader Lightning iterates: batches of `batch_size` rows of this rank's `RankStream`, as many
+    steps on every rank (the ranks agree each step whether any still has fresh rows), resumable through the
+    checkpoint (`state_dict` / `load_state_dict`, Lightning's stateful-loader hooks)."""
+
+    def __init__(self, stream: RankStream, batch_size: int, pad_id: int, trainer: Any = None):
+        self.stream, self.batch_size, self.pad_id, self.trainer = stream, batch_size, pad_id, trainer
+        self.rank, self.world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        self.epoch = 0  # set_epoch's, when no trainer says which
+        self._resume: dict[str, Any] | None = None
+        self._after: dict[tuple[int, int], dict[str, Any]] = {}  # (epoch, batches done) → position after them
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _current_epoch(self) -> int:
+        return self.trainer.current_epoch if self.trainer is not None else self.epoch
+
+    def _any(self, decision: bool) -> bool:
+        """True on every rank when any rank's `decision` is (one all-reduce of one number per step under DDP)."""
+        if self.world > 1:
+            return bool(self.trainer.strategy.reduce_boolean_decision(decision, all=False))
+        return decision
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        epoch = self._current_epoch()
+        resume = self._resume if self._resume and self._resume["epoch"] == epoch else None
+        self._resume = None
+        self.stream.start(epoch, resume)
+        batches = resume["batches"] if resume else 0
+        self._after = {(epoch, batches): {**self.stream.position(), "batches": batches}}
+        return self._batches(epoch, batches)
+
+    def _batches(self, epoch: int, batches: int) -> Iterator[dict[str, torch.Tensor]]:
+        s = self.stream
+        while self._any(s.has_fresh()):
+            first = s.rows
+            rows = [s.next_row() for _ in range(self.batch_size)]
+            batch = collate(rows, s.seq_len, s.packing, self.pad_id, self.rank + self.world * first, self.world)
+            batches += 1
+            self._after[(epoch, batches)] = {**s.position(), "batches": batches}
+            for old in [k for k in self._after if k[0] != epoch or k[1] < batches - 4]:
+                del self._after[old]  # Lightning fetches one batch ahead: a few positions are enough
+            yield batch
+
+    def _consumed(self) -> int:
+        """Batches of this epoch the run has trained on (Lightning has fetched one more than that)."""
+        if self.trainer is None:
+            return max(k[1] for k in self._after) if self._after else 0
+        return self.trainer.fit_loop.epoch_loop.batch_progress.current.ready
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last batch trained on: what a resumed run starts from."""
+        epoch = self._current_epoch()
+        return dict(self._after.get((epoch, self._consumed()), {"epoch": epoch, "batches": 0}))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resume = dict(state) if state else None
+
+    def counts(self) -> dict[str, int]:
+        """This epoch's rows on this rank so far, and how many of them were repeats."""
+        return {"rows": self.stream.rows, "repeated": self.stream.repeated}
