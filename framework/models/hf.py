@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from framework.models.base import RecordsConfig
+from framework.models.documents import document_mask, mask_for, shift_within_documents
 from framework.models.hf_loading import (
     _transformers,
     check_weight_files,
@@ -57,12 +58,17 @@ class Adapter:
     mask_token: str | None = None
     call: Callable[..., Tensor] | None = None
 
-    def logits(self, model: nn.Module, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    def logits(self, model: nn.Module, ids: Tensor, attention_mask: Tensor | None = None,
+               position_ids: Tensor | None = None) -> Tensor:
         if self.call is not None:
+            if position_ids is not None:
+                raise ValueError(f"the {self.name!r} adapter's call takes no position_ids, so packed rows would attend "
+                                 "across documents: set data.packing=false (one document per row)")
             return self.call(model, ids, attention_mask)
+        extra = {} if position_ids is None else {"position_ids": position_ids}
         if self.kind == "causal":
-            return model(input_ids=ids, attention_mask=attention_mask, use_cache=False).logits
-        return model(input_ids=ids, attention_mask=attention_mask).logits
+            extra["use_cache"] = False
+        return model(input_ids=ids, attention_mask=attention_mask, **extra).logits
 
 
 #: the adapters by name; `adapter_for` picks one by the config's model_type, else the kind's default
@@ -182,16 +188,44 @@ class HFLanguageModel(RecordsConfig):
         value = getattr(self.hf.config, "mask_token_id", None)
         return int(value) if isinstance(value, int) else None
 
-    def forward(self, idx: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        """Logits (batch, seq, vocab) of token ids (batch, seq); `key_padding_mask` (batch, seq), True = real token."""
+    def forward(self, idx: Tensor, key_padding_mask: Tensor | None = None, position_ids: Tensor | None = None
+                ) -> Tensor:
+        """Logits (batch, seq, vocab) of token ids (batch, seq); `key_padding_mask` (batch, seq), True = real token;
+        `position_ids` (batch, seq): packed rows, each document's positions from 0 (`_packed`)."""
+        if position_ids is not None:
+            return self._packed(idx, key_padding_mask, position_ids)
         mask = None if key_padding_mask is None else key_padding_mask.long()
         if not self.bidirectional or self.adapter.bidirectional:
             return self.adapter.logits(self.hf, idx, mask)
         b, t = idx.shape
         keys = torch.ones(b, t, dtype=torch.bool, device=idx.device) if mask is None else mask.bool()
         full = keys[:, None, None, :].expand(b, 1, t, t)  # every query sees every real key
-        logits = self.adapter.logits(self.hf, idx, full)
-        return torch.cat([logits[:, :1], logits[:, :-1]], dim=1) if self.adapter.shifted else logits
+        logits = self.adapter.logits(self.hf, idx, self._mask(full))
+        return shift_within_documents(logits, None) if self.adapter.shifted else logits
+
+    def _mask(self, mask: Tensor) -> Tensor:
+        return mask_for(mask, self.hf.config._attn_implementation, self.hf.get_input_embeddings().weight.dtype)
+
+    def _packed(self, idx: Tensor, key_padding_mask: Tensor | None, position_ids: Tensor) -> Tensor:
+        """Logits of packed rows, attention kept inside each document. A causal model without padding gets the
+        position ids alone: transformers 5 reads the documents from them and builds the block-causal mask (sdpa,
+        eager, flex; flash-attention's varlen path). A bidirectional one (a masked LM, `causal=False`), or padding,
+        gets our 4-D block mask. Positions are offset where the family's start past its padding id (RoBERTa's)."""
+        bidirectional = self.bidirectional or self.adapter.bidirectional
+        mask = None
+        if bidirectional or key_padding_mask is not None:
+            mask = self._mask(document_mask(position_ids, causal=not bidirectional, key_padding_mask=key_padding_mask))
+        logits = self.adapter.logits(self.hf, idx, mask, position_ids + self._position_offset())
+        if self.bidirectional and not self.adapter.bidirectional and self.adapter.shifted:
+            return shift_within_documents(logits, position_ids)
+        return logits
+
+    def _position_offset(self) -> int:
+        """Where the model's positions start: past the padding id for a family whose position embeddings have one
+        (RoBERTa and its kin count from `pad_token_id + 1`), else 0."""
+        table = getattr(getattr(self.hf.base_model, "embeddings", None), "position_embeddings", None)
+        pad = getattr(table, "padding_idx", None)
+        return 0 if pad is None else int(pad) + 1
 
     def save_pretrained(self, folder: str | Path, tokenizer: Any | None = None) -> None:
         """Write the model in transformers' own layout (config.json, model.safetensors, generation config), and the
@@ -238,11 +272,15 @@ class HFCausalLM(HFLanguageModel):
         return mixed_kv_cache(self.hf, full_heads, window, capacity, prefill)
 
     def forward(self, idx: Tensor, key_padding_mask: Tensor | None = None, gates: Tensor | None = None,
-                window: tuple[int, int] | None = None, cache: Any = None) -> Tensor:
+                window: tuple[int, int] | None = None, cache: Any = None, position_ids: Tensor | None = None) -> Tensor:
         """Logits (batch, seq, vocab). `gates` (layers, kv_heads) in [0, 1] with `window=(sink, recent)` blend full
-        (1) and streaming (0) attention per KV head; `cache` (`mixed_cache`) continues from what it holds."""
+        (1) and streaming (0) attention per KV head; `cache` (`mixed_cache`) continues from what it holds;
+        `position_ids`: packed rows (`HFLanguageModel.forward`), not with gates or a cache."""
         if gates is None and cache is None:
-            return super().forward(idx, key_padding_mask)
+            return super().forward(idx, key_padding_mask, position_ids)
+        if position_ids is not None:
+            raise ValueError("position_ids (packed rows) do not combine with attention gates or a KV cache: give one "
+                             "document per row there (data.packing=false)")
         return self._run(self.hf, idx, key_padding_mask, gates, window, cache).logits
 
     def features(self, idx: Tensor, key_padding_mask: Tensor | None = None, gates: Tensor | None = None,

@@ -18,6 +18,7 @@ from einops import rearrange, repeat
 from torch import Tensor, nn
 
 from framework.models.base import RecordsConfig
+from framework.models.documents import document_mask
 from framework.serving.attention import check_window, stream_mask
 
 
@@ -76,7 +77,9 @@ class Attention(nn.Module):
         group = self.heads // self.kv_heads
         k, v = (repeat(t, "b g t d -> b (g r) t d", r=group) for t in (k, v))
         mask = None
-        if key_padding_mask is not None:  # True = a real token that may be attended to
+        if key_padding_mask is not None and key_padding_mask.dim() == 4:  # a whole mask (packed rows): used as given
+            mask = key_padding_mask
+        elif key_padding_mask is not None:  # True = a real token that may be attended to
             mask = rearrange(key_padding_mask.bool(), "b s -> b 1 1 s")
             if self.causal:
                 t = x.shape[1]
@@ -258,17 +261,26 @@ class LanguageModel(nn.Module):
         gates: Tensor | None = None,
         window: tuple[int, int] | None = None,
         cache: Any = None,
+        position_ids: Tensor | None = None,
     ) -> Tensor:
         """Final normalised hidden states (batch, seq, dim): the penultimate features.
 
         `gates` (depth, kv_heads) with `window=(sink, recent)` mix full and streaming attention per KV head;
         `cache` (`framework.serving.kv_cache.MixedKVCache`) continues from the `cache.length` tokens it holds.
+        `position_ids` (batch, seq), packed rows: rotary positions from them, attention kept inside each document
+        (one starts where a position is 0; causal within it when the model is).
         """
         t = idx.shape[1]
         start = 0 if cache is None else cache.length
         if start + t > self.max_seq_len:
             raise ValueError(f"sequence length {start + t} exceeds max_seq_len={self.max_seq_len}")
         cos, sin = self.rope_cos[start : start + t], self.rope_sin[start : start + t]
+        if position_ids is not None:
+            if gates is not None or cache is not None:
+                raise ValueError("position_ids (packed rows) do not combine with attention gates or a KV cache: "
+                                 "give one document per row there")
+            cos, sin = self.rope_cos[position_ids].unsqueeze(1), self.rope_sin[position_ids].unsqueeze(1)
+            key_padding_mask = document_mask(position_ids, self.causal, key_padding_mask)
         x = self.drop(self.embed(idx))
         if gates is None and cache is None:
             for block in self.blocks:
@@ -293,9 +305,10 @@ class LanguageModel(nn.Module):
         gates: Tensor | None = None,
         window: tuple[int, int] | None = None,
         cache: Any = None,
+        position_ids: Tensor | None = None,
     ) -> Tensor:
         if gates is None and cache is None:
-            return self.head(self.features(idx, key_padding_mask))
+            return self.head(self.features(idx, key_padding_mask, position_ids=position_ids))
         return self.head(self.features(idx, key_padding_mask, gates=gates, window=window, cache=cache))
 
 

@@ -9,6 +9,7 @@ LoRA adapters only (`framework.models.lora`), added in `setup`, i.e. after `init
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import torch
@@ -16,21 +17,63 @@ from torch import Tensor, nn
 
 from framework.losses.mask_agnostic import follow_mask_convention
 from framework.losses.mdlm import LogLinearSchedule, NelboBound, mdlm_nelbo
+from framework.models.documents import document_ids
 from framework.modules.base import TrainModule
 from framework.rng import draw_device
 from framework.strategies import reshard
+
+
+def user_rows(batch: dict[str, Tensor]) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    """The dict batch of user text as MDLM reads it: (tokens, real tokens, prompt, position ids). Real: padded rows'
+    `attention_mask`; in packed rows every document with a supervised token, which leaves out the padding that ends
+    a row (all -100; so does a one-token piece of a split document). Prompt: the real tokens with label -100 (a chat
+    row's prompt, a text document's first token), kept clean in the `sft_fraction` rows."""
+    tokens, labels, positions = batch["input_ids"], batch.get("labels"), batch.get("position_ids")
+    real = batch.get("attention_mask")
+    if real is not None:
+        real = real.bool()
+    elif positions is not None and labels is not None:
+        doc = document_ids(positions)
+        supervised = torch.zeros(doc.shape[0], doc.shape[1] + 1, dtype=torch.long, device=doc.device)
+        real = supervised.scatter_add_(1, doc, (labels != -100).long()).gather(1, doc) > 0
+    prompt = None if labels is None else (labels == -100) if real is None else (labels == -100) & real
+    return tokens, real, prompt, positions
+
+
+def user_prompts(batch: dict[str, Tensor], target_len: int, pad_id: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """An extra loss's (prompt, target, prompt lengths, target mask) from user rows: each row's prompt is the leading
+    run of its tokens with label -100 (a chat row's prompt; a text document's first token), at least one token; its
+    targets the `target_len` tokens right after, scored where they are supervised and in the prompt's document."""
+    tokens, labels, positions = batch["input_ids"], batch.get("labels"), batch.get("position_ids")
+    t = tokens.shape[1]
+    unsupervised = torch.zeros_like(tokens, dtype=torch.bool) if labels is None else labels == -100
+    lengths = unsupervised.long().cumprod(1).sum(1).clamp(1, t - 1)
+    width = int(lengths.max())
+    prompt = tokens[:, :width].masked_fill(torch.arange(width, device=tokens.device) >= lengths[:, None], pad_id)
+    at = lengths[:, None] + torch.arange(target_len, device=tokens.device)
+    index = at.clamp(max=t - 1)
+    scored = (at < t) & ~unsupervised.gather(1, index)
+    if batch.get("attention_mask") is not None:
+        scored = scored & batch["attention_mask"].bool().gather(1, index)
+    if positions is not None:
+        doc = document_ids(positions)
+        scored = scored & (doc.gather(1, index) == doc[:, :1])
+    return prompt, tokens.gather(1, index), lengths, scored
 
 
 class MDLMModule(TrainModule):
     """Trains a bidirectional tokens→logits model as a masked diffusion LM (docs/mdlm.md), plus `extra_loss`.
 
     Batches are dicts with `tokens` and optionally `attention_mask` (True = real token) and `prompt_mask`
-    (True = prompt). A fraction `sft_fraction` of rows keeps its prompt clean (LLaDA SFT masking); validation
-    reports the NELBO bound of every token, or of the response given the prompt when `sft_fraction=1`. With
-    `extra_loss` (a callable `(model, prompt, target, prompt_lengths) -> (loss, stats)`, such as
-    `MaskAgnosticLoss`), the `target_len` tokens right after each prompt are its targets. The model gets key-padding
-    masks as True = real token, unless the extra loss says otherwise (`mask_true_means="padding"`, PyTorch's
-    convention): then the NELBO's masks are inverted for it too. An MoE model's balance loss is added in training.
+    (True = prompt), or the dict batch of user text (`input_ids`, `labels`, `position_ids` or `attention_mask`;
+    `user_rows`): only real tokens are masked and scored, a packed row's documents attend only within themselves.
+    A fraction `sft_fraction` of rows keeps its prompt clean (LLaDA SFT masking); validation reports the NELBO bound
+    of every token, or of the response given the prompt when `sft_fraction=1`. With `extra_loss` (a callable
+    `(model, prompt, target, prompt_lengths) -> (loss, stats)`, such as `MaskAgnosticLoss`; on user rows it also
+    gets `target_mask=`, `user_prompts`), the `target_len` tokens right after each prompt are its targets. The model
+    gets key-padding masks as True = real token, unless the extra loss says otherwise (`mask_true_means="padding"`,
+    PyTorch's convention): then the NELBO's masks are inverted for it too. An MoE model's balance loss is added in
+    training.
     """
 
     def __init__(
@@ -106,15 +149,20 @@ class MDLMModule(TrainModule):
         return self.ema if self.ema is not None else self.model
 
     @staticmethod
-    def _unpack(batch: Tensor | dict[str, Tensor]) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    def _unpack(batch: Tensor | dict[str, Tensor]) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+        """(tokens, attention mask (True = real token), prompt mask (True = prompt), position ids (packed rows))."""
+        if isinstance(batch, dict) and "input_ids" in batch:
+            return user_rows(batch)
         if isinstance(batch, dict):
-            return batch["tokens"], batch.get("attention_mask"), batch.get("prompt_mask")
-        return batch, None, None
+            return batch["tokens"], batch.get("attention_mask"), batch.get("prompt_mask"), None
+        return batch, None, None, None
 
     def _mdlm_loss(
         self, model: nn.Module, batch: Any, train: bool, generator: torch.Generator | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        tokens, attention, prompt = self._unpack(batch)
+        tokens, attention, prompt, positions = self._unpack(batch)
+        if positions is not None:  # packed rows: the model keeps attention inside each document
+            model = functools.partial(model, position_ids=positions)
         if prompt is not None and train and self.sft_fraction < 1.0:
             keep = (torch.rand(tokens.shape[0], 1, device=draw_device(generator, tokens.device), generator=generator)
                     < self.sft_fraction).to(tokens.device)
@@ -130,7 +178,10 @@ class MDLMModule(TrainModule):
         )
 
     def _extra(self, batch: Any, generator: torch.Generator | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-        tokens, _, prompt_mask = self._unpack(batch)
+        if isinstance(batch, dict) and "input_ids" in batch:
+            prompt, target, lengths, scored = user_prompts(batch, self.target_len, self.extra_loss.pad_id)
+            return self.extra_loss(self.model, prompt, target, lengths, target_mask=scored, generator=generator)
+        tokens, _, prompt_mask, _ = self._unpack(batch)
         if prompt_mask is None:
             raise ValueError("extra_loss needs batches with a `prompt_mask` to find the prompt and its targets")
         lengths = prompt_mask.sum(1)

@@ -21,7 +21,15 @@ from torch import Tensor, nn
 from torch.distributions import Beta
 
 from framework.samplers.policies import Step, TopKPolicy, gumbel_top_k, top_k
-from framework.samplers.reward import RewardNormalizer, adaptive_weight, composite_reward, difficulty, uncertainty
+from framework.samplers.reward import (
+    RewardNormalizer,
+    adaptive_weight,
+    composite_reward,
+    difficulty,
+    reward_from,
+    sample_pieces,
+    uncertainty,
+)
 from framework.samplers.table import ScoreTable
 
 # the reward's pieces lived here first: importing them from here still works
@@ -272,7 +280,7 @@ class DataAgentPolicy(TopKPolicy):
             agent.to(states.device)
         actions, log_probs, values = agent.act(states)
         scores = batch_rank(actions) if self.variant == "ranked" else actions
-        reward, info = composite_reward(step["logits"].detach(), step["targets"], actions, self.label_smoothing)
+        reward, info = reward_from(*sample_pieces(step, self.label_smoothing), actions)
         if self.reward_norm:
             reward = self.normalizer(reward)
         info["action_mean"] = float(actions.mean())

@@ -23,13 +23,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from framework.rng import to_generator
 from framework.samplers.agent import DataAgentPolicy, PPOAgent
 from framework.samplers.policies import Step
-from framework.samplers.reward import reward_from, uncertainty
+from framework.samplers.reward import reward_from, sample_pieces
 from framework.samplers.step import RankGather
 from framework.samplers.table import ScoreTable
 
@@ -158,11 +157,7 @@ class AmortisedAgentPolicy(DataAgentPolicy):
         with torch.no_grad():
             values = list(agent.actor(states.float()))
             if learning:  # the reward's per-sample pieces (its batch statistics come at the epoch's end)
-                logits = step["logits"].detach()
-                targets = step["targets"].to(logits.device).long()
-                values.append(F.cross_entropy(logits.float(), targets, reduction="none",
-                                              label_smoothing=self.label_smoothing))
-                values.append(uncertainty(logits))
+                values.extend(sample_pieces(step, self.label_smoothing))
         local = step["index"].reshape(-1).long()
         rows = gather({"index": local, "values": torch.stack(values, 1)})
         self.records.append(rows)

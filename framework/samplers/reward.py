@@ -39,6 +39,21 @@ def composite_reward(
     return reward_from(losses, uncertainty(logits), actions)
 
 
+def sample_pieces(step: dict[str, Tensor], label_smoothing: float = 0.1) -> tuple[Tensor, Tensor]:
+    """Each sample's label-smoothed CE and uncertainty: from a classifier's `logits` and `targets`, or from a sequence
+    model's per-row `token_stats` (the means over each row's supervised tokens of the token's CE, its CE against the
+    uniform distribution and its uncertainty; `framework.modules.causal_lm.token_stats`): label smoothing is linear in
+    the first two, so (1 − ε)·CE + ε·uniform is the row's mean label-smoothed CE exactly."""
+    stats = step.get("token_stats")
+    if stats is not None:
+        nll, uniform, unsure = stats.float().unbind(-1)
+        return (1 - label_smoothing) * nll + label_smoothing * uniform, unsure
+    logits = step["logits"].detach()
+    losses = F.cross_entropy(logits.float(), step["targets"].to(logits.device).long(), reduction="none",
+                             label_smoothing=label_smoothing)
+    return losses, uncertainty(logits)
+
+
 def reward_from(losses: Tensor, unsure: Tensor, actions: Tensor) -> tuple[Tensor, dict[str, float]]:
     """`composite_reward` from each sample's label-smoothed CE and uncertainty, computed earlier (per sample, so any
     grouping of the samples gives the same values)."""

@@ -1,7 +1,9 @@
 """What one training step tells a selection policy, for any LightningModule and any batch layout.
 
 `DataSelection` reads the per-sample fields a policy `needs` from, in this order:
-- the dict `training_step` returns: `per_sample_loss` (or `losses`), `logits`, `features`, `targets`, `index`;
+- the dict `training_step` returns: `per_sample_loss` (or `losses`), `logits`, `features`, `targets`, `index`; a
+  language model's `token_stats` (each row's means over its supervised tokens, `framework.modules.causal_lm`) stand
+  in for `logits` and `targets`;
 - the classifier head it was told to watch (`DataSelection(head="net.fc")`): the head's output is the logits,
   its input the penultimate features, both taken from the training step's own forward pass; a language model's
   head (`head="model.lm_head"`, logits of shape (batch, seq, vocab)) gives each row's mean token loss against the
@@ -19,6 +21,8 @@ import torch
 from torch import Tensor, nn
 
 ALIASES = {"losses": ("losses", "per_sample_loss")}  # a step output's accepted names
+#: a sequence model's per-row summary that stands in for per-token logits and targets (`reward.sample_pieces`)
+SUMMARIES = {"logits": "token_stats", "targets": "token_stats"}
 BATCH_KEYS = {"targets": "y"}  # a field that may also be read from a dict batch under another name
 HOOK = "return {'loss': losses.mean(), 'per_sample_loss': losses} from training_step (losses: reduction='none')"
 
@@ -105,6 +109,10 @@ def step_fields(outputs: Any, batch: Any, needs: tuple[str, ...], index: Tensor,
     out = outputs if isinstance(outputs, dict) else {}
     step: dict[str, Tensor] = {}
     for key in needs:
+        summary = SUMMARIES.get(key)
+        if summary is not None and out.get(summary) is not None:
+            step[summary] = out[summary].detach()
+            continue
         value = next((out[k] for k in ALIASES.get(key, (key,)) if out.get(k) is not None), None)
         if value is None and key == "index":
             value = index
