@@ -1,0 +1,158 @@
+"""`data=text`: the user's files as packed rows, tokenized once (a cache keyed by what made it), refusing a resumed
+run on changed data, and through the real CLI: bad input is one `error:` line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from framework.data import sources
+from framework.data.packing import IGNORE
+from framework.data.user_text import TextData, held_out
+from framework.errors import InputError
+
+WORDS = ["<pad>", "<eos>", "<unk>", "the", "cat", "sat", "on", "a", "mat", "dog", "ran"]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FRAMEWORK_DATA_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _texts(n: int = 40) -> list[str]:
+    return [f"document {i}: " + " ".join(WORDS[3 + (i + k) % 8] for k in range(5 + i % 7)) + "\n" for i in range(n)]
+
+
+def _folder(tmp_path, texts):
+    folder = tmp_path / "corpus"
+    folder.mkdir(exist_ok=True)
+    for i, text in enumerate(texts):
+        (folder / f"doc{i:03d}.txt").write_text(text, encoding="utf-8")
+    return folder
+
+
+def _documents(rows) -> list[bytes]:
+    """The documents back from packed rows: split the real tokens where position_ids restart (pieces rejoined)."""
+    docs: list[list[int]] = []
+    for i in range(len(rows)):
+        row = rows[i]
+        for tok, pos in zip(row["input_ids"].tolist(), row["position_ids"].tolist(), strict=True):
+            if pos == 0:
+                docs.append([])
+            docs[-1].append(tok)
+    return docs
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+
+
+def test_a_folder_of_text_files_becomes_packed_byte_rows_with_a_held_out_share(tmp_path, cache):
+    texts = _texts(40)
+    dm = TextData(str(_folder(tmp_path, texts)), seq_len=32, batch_size=4, val_fraction=0.1)
+    dm.setup()
+    held = [t for i, t in enumerate(texts) if held_out(i, 0.1)]
+    assert len(held) == 4 and held[0] == texts[0]  # every 10th document, from the first: ceil(40 * 0.1)
+    train = b"".join(bytes(d) for d in _documents(dm.train_set))
+    assert train.rstrip(b"\0") == "".join(t for t in texts if t not in held).encode()  # NUL: the last row's padding
+    assert b"".join(bytes(d) for d in _documents(dm.val_set)).rstrip(b"\0") == "".join(held).encode()
+    batch = next(iter(DataLoader(dm.train_set, batch_size=4)))
+    assert batch["input_ids"].shape == (4, 32) and batch["index"].tolist() == [0, 1, 2, 3]
+    assert (batch["labels"][batch["position_ids"] == 0] == IGNORE).all()
+    record = dm.record()
+    assert record["tokens"] == len("".join(t for t in texts if t not in held).encode())
+    assert record["documents"] == 36 and record["format"] == "text" and record["files"][0] == "doc000.txt"
+    assert record["packing_efficiency"] >= 0.99 and record["fingerprint"] == dm.fingerprint
+    assert (dm.vocab_size, dm.pad_id, dm.eos_id, dm.mask_id) == (256, 0, None, None)
+
+
+def test_a_tokenizer_gives_its_ids_and_its_eos_after_each_document(tmp_path, cache):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"body": t, "n": i}) for i, t in enumerate(["the cat sat", "a dog ran"]))
+                    .replace("}{", "}\n{"))
+    dm = TextData(str(path), column="body", seq_len=4, batch_size=1, val_fraction=0.5, packing=False)
+    dm.use_tokenizer(_tokenizer())
+    dm.setup()
+    assert (dm.vocab_size, dm.pad_id, dm.eos_id) == (len(WORDS), 0, 1)
+    val, train = dm.val_set[0], dm.train_set[0]  # document 0 is held out
+    assert val["input_ids"].tolist() == [3, 4, 5, 1] and train["input_ids"].tolist() == [7, 9, 10, 1]
+    assert train["attention_mask"].tolist() == [1, 1, 1, 1] and "position_ids" not in train
+
+
+def test_a_second_run_reads_the_cache_and_a_changed_source_is_packed_anew(tmp_path, cache, monkeypatch):
+    folder = _folder(tmp_path, _texts(12))
+    first = TextData(str(folder), seq_len=16, batch_size=2)
+    first.setup()
+    made = (cache / "text" / first.fingerprint / "done").stat().st_mtime_ns
+
+    def never(*args, **kwargs):
+        raise AssertionError("the source was read again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sources, "read_texts", never)
+        patch.setattr(sources, "check", never)
+        again = TextData(str(folder), seq_len=16, batch_size=2)
+        again.setup()
+    assert again.fingerprint == first.fingerprint and torch.equal(again.train_set[3]["input_ids"],
+                                                                  first.train_set[3]["input_ids"])
+    assert (cache / "text" / first.fingerprint / "done").stat().st_mtime_ns == made
+    assert TextData(str(folder), seq_len=8, batch_size=2).fingerprint != first.fingerprint
+    tokenized = TextData(str(folder), seq_len=16, batch_size=2)
+    tokenized.use_tokenizer(_tokenizer())
+    assert tokenized.fingerprint != first.fingerprint
+
+    (folder / "doc003.txt").write_text("an edited document\n")
+    os.utime(folder / "doc003.txt", ns=(made + 10**9, made + 10**9))
+    edited = TextData(str(folder), seq_len=16, batch_size=2)
+    edited.setup()
+    assert edited.fingerprint != first.fingerprint
+    assert b"an edited document" in b"".join(bytes(d) for d in _documents(edited.train_set))
+    with pytest.raises(InputError, match=f"fingerprint {first.fingerprint} then, {edited.fingerprint} now"):
+        edited.load_state_dict(first.state_dict())
+    edited.load_state_dict(edited.state_dict())
+
+
+def test_the_sources_own_validation_split_is_used_when_it_has_one(tmp_path, cache):
+    folder = tmp_path / "splits"
+    folder.mkdir()
+    for split, n in (("train", 30), ("validation", 3)):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps({"text": f"{split} {i} " * 20}) + "\n"
+                                                       for i in range(n)))
+    dm = TextData(str(folder), seq_len=64, batch_size=2)
+    dm.setup()
+    assert dm.val_split == "validation" and dm.record()["val_documents"] == 3 and dm.record()["documents"] == 30
+    with pytest.raises(InputError, match="data.val_split='dev' is not a split of .*; its splits: train, validation"):
+        TextData(str(folder), val_split="dev")
+
+
+def test_too_little_text_for_one_batch_is_refused_naming_the_sizes(tmp_path, cache):
+    dm = TextData(str(_folder(tmp_path, _texts(3))), seq_len=64, batch_size=8)
+    with pytest.raises(InputError, match="gives 2 training rows of 64 tokens, fewer than one batch of "
+                                         "data.batch_size=8"):
+        dm.setup()
+
+
+def test_a_missing_file_through_the_cli_is_one_error_line_exit_2_and_nothing_written(tmp_path, cli):
+    run_dir = tmp_path / "run"
+    proc = cli("recipe=char_lm", "data=text", f"data.source={tmp_path}/missing.txt", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "missing.txt: no such file or folder" in lines[0]
+    assert not run_dir.exists()
+
+
+def test_held_out_documents_are_spread_evenly_and_never_none():
+    assert [i for i in range(10) if held_out(i, 0.3)] == [0, 3, 6]
+    assert sum(held_out(i, 0.05) for i in range(1000)) == 50
+    assert np.mean([held_out(i, 0.5) for i in range(2)]) == 0.5
