@@ -52,3 +52,12 @@ DATA.register(
                 "Hub dataset id (+ data.revision=), data.column=text; packed into seq_len rows, tokenized once "
                 "(cached by fingerprint).",
 )
+
+from framework.data.user_chat import ChatData  # noqa: E402
+
+DATA.register(
+    ChatData, name="chat", seq_len=512, batch_size=8, seed=None,
+    description="Your own chat rows (TRL's shapes: messages, or prompt/completion; data.columns= maps other names), "
+                "rendered with the model's chat template, the loss on the assistant's tokens (data.train_on="
+                "assistant|last|all); whole conversations packed into seq_len rows. Needs a model with a tokenizer.",
+)

@@ -44,7 +44,7 @@ def detect_shape(columns: Iterable[str], column_map: Mapping[str, str] | None = 
             return shape, mapped
     wanted = "; ".join(f"{shape} needs {' and '.join(repr(column_map.get(n, n)) for n in names)}"
                        for shape, names in SHAPES.items())
-    raise InputError(f"data=chat: the rows have columns {', '.join(map(repr, present)) or '(none)'}, and neither "
+    raise InputError(f"the rows have columns {', '.join(map(repr, present)) or '(none)'}, and neither "
                      f"shape fits ({wanted}); map yours with data.columns={{messages: <column>}} or "
                      "{prompt: <column>, completion: <column>}")
 
@@ -90,8 +90,20 @@ class ChatRenderer:
         self.ends = (set(getattr(tokenizer, "all_special_ids", ())) - {unk}) | ({self.eos} - {None})
         self.stats = ChatStats()
 
+    def check_template(self, needed: bool | None = None) -> None:
+        """Refuse conversations (`needed`; default: when the rows are `messages`) with no chat template to render
+        them."""
+        if (self.shape == "messages" if needed is None else needed) and not self.template:
+            raise InputError(f"data=chat: the rows are conversations, but the tokenizer {self.name!r} has no chat "
+                             "template; use a chat / instruct model's tokenizer, set data.chat_template= (a Jinja "
+                             "template or a file holding one), or give the rows as prompt/completion strings")
+
     def document(self, row: Mapping[str, Any], index: int) -> Document | None:
         """Row `index` as a Document, or None when it is skipped (no assistant turn, or truncated to no target)."""
+        missing = [c for c in self.columns.values() if c not in row]
+        if missing:
+            raise InputError(f"data=chat: row {index} has no {', '.join(map(repr, missing))} column; its columns: "
+                             f"{', '.join(map(repr, row))}")
         self.stats.rows += 1
         spans = self._rendered(row, index)
         if spans is None:
@@ -160,10 +172,7 @@ class ChatRenderer:
 
     def _render(self, messages: list[dict[str, Any]], index: int, generation: bool = False) -> str:
         """The chat template's text for `messages` (with the generation prompt if asked)."""
-        if not self.template:
-            raise InputError(f"data=chat: the rows are conversations, but the tokenizer {self.name!r} has no chat "
-                             "template; use a chat / instruct model's tokenizer, set data.chat_template= (a Jinja "
-                             "template), or give the rows as prompt/completion strings")
+        self.check_template(needed=True)
         from jinja2.exceptions import TemplateError
 
         continues = generation and bool(messages) and messages[-1]["role"] == "assistant"

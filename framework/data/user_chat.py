@@ -1,0 +1,255 @@
+"""`data=chat`: the user's chat rows (TRL's `messages` or `prompt`/`completion` shapes; `framework.data.chat`),
+read, packed and cached as `data=text` reads, packs and caches text (`framework.data.user_text`).
+
+What differs from text: each row is rendered with the model's tokenizer and chat template into one document whose
+labels are -100 outside the assistant's / completion's tokens; a conversation is never split across rows (packed
+rows hold whole conversations, best-fit decreasing as TRL's BFD packs, so the prompt of every target is in its
+row); a row longer than `seq_len` is cut (counted in the run's log) or refused with `truncate=false`. The counts
+(rows kept, skipped with no assistant turn, truncated) go to the log, `meta.json` and the run's record.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import hashlib
+import logging
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from framework.data import sources
+from framework.data.chat import SHAPES, TRAIN_ON, ChatRenderer, Document, detect_shape
+from framework.data.packing import PackWriter, fingerprint, token_dtype
+from framework.data.user_text import TextData, held_out
+from framework.errors import InputError
+
+log = logging.getLogger("framework.run")
+#: documents best-fit together (TRL's BFD runs per `map` batch of 1,000)
+BFD_WINDOW = 8192
+
+
+class ChatData(TextData):
+    """The user's chat rows as packed (or one-per-row, padded) rows of `seq_len` with the loss on the answers.
+
+    `columns` maps TRL's column names onto the source's (`{messages: conversations}`, `{prompt: question,
+    completion: answer}`); the shape is found from the columns. `train_on`: assistant | last | all.
+    `chat_template`: a Jinja template (or a file holding one) instead of the tokenizer's own. Needs a model that
+    brings a tokenizer (the framework's byte models have none)."""
+
+    def __init__(
+        self,
+        source: str | None = None,
+        columns: dict[str, str] | None = None,
+        train_on: str = "assistant",
+        truncate: bool = True,
+        chat_template: str | None = None,
+        revision: str | None = None,
+        format: str | None = None,  # noqa: A002 - the user's word for it (data.format=json)
+        split: str = "train",
+        val_split: str | None = None,
+        val_fraction: float = 0.05,
+        seq_len: int = 512,
+        packing: bool = True,
+        batch_size: int = 8,
+        seed: int | None = 0,
+        num_workers: int = 0,
+        cache_dir: str | None = None,
+    ):
+        if train_on not in TRAIN_ON:
+            raise InputError(f"data.train_on={train_on!r}; valid: {', '.join(TRAIN_ON)}")
+        self.column_map = dict(columns or {})
+        self.train_on, self.truncate = train_on, bool(truncate)
+        self.chat_template = _template(chat_template)
+        self.shape, self.columns = "", {}
+        super().__init__(source=source, column="messages", revision=revision, format=format, split=split,
+                         val_split=val_split, val_fraction=val_fraction, seq_len=seq_len, packing=packing,
+                         batch_size=batch_size, seed=seed, num_workers=num_workers, cache_dir=cache_dir)
+
+    # ---- the tokenizer --------------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        """The tokenizer's vocabulary; asked of data with no tokenizer (a byte model's run), the refusal."""
+        if self.tokenizer is None:
+            raise InputError(no_tokenizer())
+        return len(self.tokenizer)
+
+    @vocab_size.setter
+    def vocab_size(self, value: int) -> None:
+        pass  # always the tokenizer's (`use_tokenizer` sets it)
+
+    def use_tokenizer(self, tokenizer: Any) -> None:
+        """Render with `tokenizer`; conversations and a tokenizer with no chat template are refused here, before
+        the run writes anything."""
+        super().use_tokenizer(tokenizer)
+        self.renderer().check_template()
+
+    def renderer(self) -> ChatRenderer:
+        """A fresh renderer (its own counts) with this data's settings."""
+        if self.tokenizer is None:
+            raise InputError(no_tokenizer())
+        return ChatRenderer(self.tokenizer, self.shape, self.columns, self.train_on, self.seq_len, self.truncate,
+                            self.chat_template)
+
+    # ---- the source -----------------------------------------------------------------------------------------
+    def _check(self, split: str, val_split: str | None) -> str | None:
+        """Find the rows' shape from the columns (remembered per version of the source), then the text side's
+        checks on its first column (every split there, not empty, UTF-8)."""
+        key = fingerprint({"chat-columns": self.source.identity(), "split": split, "map": self.column_map})
+        columns = (sources.remembered(self.root, key) or {}).get("columns") or self._peek(split)
+        if columns is None:  # the split is missing, unreadable or empty: the text side's check says which
+            self.column = self.column_map.get("messages", "messages")
+            super()._check(split, val_split)
+            columns = self._peek(split) or []
+        self.shape, self.columns = detect_shape(columns, self.column_map)
+        sources.remember(self.root, key, {"columns": columns})
+        self.column = self.columns[SHAPES[self.shape][0]]
+        return super()._check(split, val_split)
+
+    def _peek(self, split: str) -> list[str] | None:
+        """The columns of the split's first row; None where there is none to read."""
+        if split not in sources.splits_of(self.source):
+            return None
+        try:
+            first = next(iter(self.source.load(split)), None)
+        except ValueError:
+            return None
+        return None if first is None else list(first)
+
+    def rows(self, split: str) -> Iterator[dict[str, Any]]:
+        """The split's rows (the shape's columns only), in order."""
+        data = self.source.load(split).select_columns(list(self.columns.values()))
+        try:
+            yield from data
+        except ValueError as err:
+            raise InputError(f"data.source={self.source.spec}: the {split} split cannot be read "
+                             f"({' '.join(str(err).split())[:300]})") from None
+
+    def prompt_completions(self, split: str | None = None, limit: int | None = None
+                           ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Each prompt/completion row's prompt ids (ending in the generation prompt) and completion ids (through
+        its end token), for the probes that generate from a prompt and check the completion."""
+        renderer = self.renderer()
+        for i, row in enumerate(self.rows(split or self.split)):
+            if limit is not None and i >= limit:
+                return
+            yield renderer.prompt_completion(row, i)
+
+    # ---- packing --------------------------------------------------------------------------------------------
+    def identity(self) -> dict[str, Any]:
+        template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
+        return {**super().identity(), "kind": "chat", "shape": self.shape, "columns": self.columns,
+                "train_on": self.train_on, "truncate": self.truncate, "packer": f"bfd-{BFD_WINDOW}",
+                "template": hashlib.sha256(str(template).encode()).hexdigest()[:16]}
+
+    def _write(self, folder: Path) -> None:
+        dtype = token_dtype(self.vocab_size)
+        writers = {name: PackWriter(folder / name, self.seq_len, self.packing, split_documents=False, dtype=dtype)
+                   for name in ("train", "val")}
+        renderers = {name: self.renderer() for name in writers}
+        fits = {name: BestFit(writer, self.seq_len, BFD_WINDOW if self.packing else 1)
+                for name, writer in writers.items()}
+        if self.val_split:
+            for name, split in (("train", self.split), ("val", self.val_split)):
+                for i, row in enumerate(self.rows(split)):
+                    fits[name].add(renderers[name].document(row, i))
+        else:
+            for i, row in enumerate(self.rows(self.split)):
+                name = "val" if held_out(i, self.val_fraction) else "train"
+                fits[name].add(renderers[name].document(row, i))
+        for name, fit in fits.items():
+            fit.flush()
+            stats = renderers[name].stats
+            if not stats.documents:
+                part = f"the {self.val_split} split" if name == "val" and self.val_split else f"the {name} part"
+                raise InputError(f"data.source={self.source.spec}: {part} has no row left to train on: "
+                                 f"{stats.line()}")
+            writers[name].close(fingerprint=self.fingerprint, chat=dataclasses.asdict(stats))
+
+    def setup(self, stage: str | None = None) -> None:
+        new = self.train_set is None
+        super().setup(stage)
+        if new and (self.trainer is None or self.trainer.is_global_zero):
+            for name, meta in self.meta.items():
+                line = f"data=chat {name}: {chat_line(meta)}"
+                print(line)
+                log.info(line)
+
+    def record(self) -> dict[str, Any]:
+        """The text record, with the shape, the mask and the chat counts (rows kept, skipped, truncated)."""
+        record = super().record()
+        return {**record, "format": f"chat ({self.shape}; {record['format']})", "columns": self.columns,
+                "train_on": self.train_on, "chat": self.meta["train"]["chat"]}
+
+
+class BestFit:
+    """Best-fit decreasing (TRL's BFD) over windows of `window` documents, written bin by bin to `writer`: each
+    bin fits a row, so the writer's next-fit over them opens at most one row per bin. None documents are skipped."""
+
+    def __init__(self, writer: PackWriter, seq_len: int, window: int):
+        self.writer, self.seq_len, self.window = writer, seq_len, window
+        self.buffer: list[Document] = []
+
+    def add(self, doc: Document | None) -> None:
+        if doc is not None:
+            self.buffer.append(doc)
+            if len(self.buffer) >= self.window:
+                self.flush()
+
+    def flush(self) -> None:
+        for bin_ in best_fit([len(ids) for ids, _ in self.buffer], self.seq_len):
+            for i in bin_:
+                self.writer.add(*self.buffer[i])
+        self.buffer = []
+
+
+def best_fit(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Indices of `lengths` in bins of at most `capacity`: longest first, each into the fullest bin it fits."""
+    bins: list[list[int]] = []
+    room: list[tuple[int, int]] = []  # (space left, bin), sorted
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        j = bisect.bisect_left(room, (lengths[i], -1))
+        if j < len(room):
+            left, b = room.pop(j)
+        else:
+            left, b = capacity, len(bins)
+            bins.append([])
+        bins[b].append(i)
+        bisect.insort(room, (left - lengths[i], b))
+    return bins
+
+
+def chat_line(meta: Mapping[str, Any]) -> str:
+    """One line of a packed part's counts: rows kept, skipped, truncated, tokens, packing efficiency."""
+    c = meta.get("chat", {})
+    return (f"{c.get('documents', 0)} of {c.get('rows', 0)} rows kept; {c.get('no_assistant', 0)} skipped with no "
+            f"assistant turn; {c.get('truncated', 0)} truncated to data.seq_len={meta.get('seq_len')} "
+            f"({c.get('cut_out', 0)} of them skipped: no target left); {meta.get('tokens', 0)} tokens "
+            f"({c.get('targets', 0)} targets) in {meta.get('rows', 0)} rows, packing efficiency "
+            f"{meta.get('efficiency', 0.0):.3f}")
+
+
+def no_tokenizer() -> str:
+    """The refusal for chat data on a model without a tokenizer, naming the models that bring one."""
+    from framework.registry import MODELS
+
+    bring = [n for n in MODELS.names() if callable(getattr(MODELS.get(n), "tokenizer_for", None))]
+    return ("data=chat renders each row with a tokenizer's chat template, and the model brings no tokenizer (the "
+            "framework's own models read bytes; a fresh model.config= has none); use a model that brings one: "
+            f"{' or '.join(bring) or 'hf_causal_lm'} with model.name_or_path=<a Hub id or folder with a tokenizer> "
+            "(or model.tokenizer=<one> beside a fresh config)")
+
+
+def _template(value: str | None) -> str | None:
+    """A chat template given as Jinja text or as the path of a file holding it."""
+    if value and "{" not in value:
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise InputError(f"data.chat_template={value}: neither a Jinja template nor a file holding one")
+        return path.read_text(encoding="utf-8")
+    return value or None
+
+
+__all__ = ["BFD_WINDOW", "BestFit", "ChatData", "best_fit", "chat_line", "no_tokenizer"]
