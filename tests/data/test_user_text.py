@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from helpers import assert_resume_is_exact
 from torch.utils.data import DataLoader
 
 from framework.data import sources
@@ -136,6 +138,17 @@ def test_the_sources_own_validation_split_is_used_when_it_has_one(tmp_path, cach
         TextData(str(folder), val_split="dev")
 
 
+def test_training_rows_are_sharded_per_rank_in_equal_whole_batches(tmp_path, cache):
+    dm = TextData(str(_folder(tmp_path, _texts(40))), seq_len=16, batch_size=4)
+    dm.setup()
+    shards = []
+    for rank in (0, 1):
+        dm.trainer = SimpleNamespace(global_rank=rank, world_size=2, global_step=0)  # what Lightning hands it
+        shards.append([int(i) for batch in dm.train_dataloader() for i in batch["index"]])
+    assert len(shards[0]) == len(shards[1]) > 0 and len(shards[0]) % 4 == 0 and not set(shards[0]) & set(shards[1])
+    assert len(shards[0]) * 2 > len(dm.train_set) - 8  # all but the remainder of one batch per rank
+
+
 def test_too_little_text_for_one_batch_is_refused_naming_the_sizes(tmp_path, cache):
     dm = TextData(str(_folder(tmp_path, _texts(3))), seq_len=64, batch_size=8)
     with pytest.raises(InputError, match="gives 2 training rows of 64 tokens, fewer than one batch of "
@@ -156,3 +169,57 @@ def test_held_out_documents_are_spread_evenly_and_never_none():
     assert [i for i in range(10) if held_out(i, 0.3)] == [0, 3, 6]
     assert sum(held_out(i, 0.05) for i in range(1000)) == 50
     assert np.mean([held_out(i, 0.5) for i in range(2)]) == 0.5
+
+
+def test_a_recipe_trains_on_a_folder_of_text_files_through_the_cli(tmp_path, cli):
+    folder, run_dir = _folder(tmp_path, _texts(40)), tmp_path / "run"
+    env = {"FRAMEWORK_DATA_CACHE": str(tmp_path / "cache")}
+    proc = cli("recipe=char_lm", "data=text", f"data.source={folder}", "data.seq_len=32", "data.batch_size=4",
+               "trainer.max_steps=3", "trainer.limit_val_batches=2", f"hydra.run.dir={run_dir}", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["metrics"]["val/loss"] < results["initial_metrics"]["val/loss_init"]
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["TextData"]
+    assert state["fingerprint"] == TextData(str(folder), seq_len=32, batch_size=4,
+                                            cache_dir=str(tmp_path / "cache")).fingerprint
+
+
+TINY_TEXT = ["recipe=char_lm", "data=text", "data.seq_len=32", "data.batch_size=4", "model.dim=32", "model.depth=1",
+             "trainer.limit_val_batches=1", "trainer.val_check_interval=null", "trainer.check_val_every_n_epoch=1",
+             "threads=1"]
+
+
+@pytest.mark.slow
+def test_a_run_on_text_resumed_mid_epoch_ends_with_the_same_weights(tmp_path, cli, monkeypatch):
+    monkeypatch.setenv("FRAMEWORK_DATA_CACHE", str(tmp_path / "cache"))  # the CLI's child inherits it
+    folder = _folder(tmp_path, _texts(12))  # 14 rows: 3 batches an epoch, so step 8 is mid-way through the third
+    assert_resume_is_exact(cli, [*TINY_TEXT, f"data.source={folder}", "trainer.max_steps=10"], tmp_path,
+                           resume_step=8)
+
+
+@pytest.mark.slow
+def test_resuming_on_a_changed_source_is_refused_naming_both_fingerprints(tmp_path, cli):
+    folder, run_dir = _folder(tmp_path, _texts(12)), tmp_path / "run"
+    args = [*TINY_TEXT, f"data.source={folder}", f"hydra.run.dir={run_dir}"]
+    env = {"FRAMEWORK_DATA_CACHE": str(tmp_path / "cache")}
+    assert cli(*args, "trainer.max_steps=2", env=env).returncode == 0
+    before = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["TextData"]["fingerprint"]
+    with open(folder / "doc001.txt", "a") as f:
+        f.write("a line added after the run\n")
+    proc = cli(*args, "trainer.max_steps=4", f"ckpt_path={run_dir}/checkpoints/last.ckpt", env=env)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: data.source=") and f"fingerprint {before} then, " in line
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_two_ranks_train_on_text_in_equal_steps(tmp_path, cli):
+    proc = cli(*TINY_TEXT, f"data.source={_folder(tmp_path, _texts(40))}", "trainer.max_steps=4",
+               "trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu", f"hydra.run.dir={tmp_path}/run",
+               env={"FRAMEWORK_DATA_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rank0 = json.loads((tmp_path / "run" / "results.json").read_text())
+    rank1 = json.loads((tmp_path / "run" / "results.rank1.json").read_text())
+    assert rank0["global_step"] == rank1["global_step"] == 4
+    assert rank0["metrics"]["val/loss"] == rank1["metrics"]["val/loss"]
