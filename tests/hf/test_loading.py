@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 import warnings
 from pathlib import Path
 
@@ -200,3 +201,22 @@ def test_each_call_gives_a_fresh_tokenizer_of_the_repos_current_commit(tmp_path,
     hub.api.upload_folder(repo_id=repo, folder_path=str(folder))
     pushed = load_tokenizer(repo)
     assert len(pushed) == 5 and pushed("hello world")["input_ids"] == [3, 2]
+
+
+def test_a_second_local_hub_in_the_same_process_serves_the_tokenizer_at_once(tmp_path):
+    """transformers keeps one shared Hub client whose endpoint froze at its first call; `patch_client` points it at
+    each hub in turn, so a tokenizer load never retries a stopped hub (23 s a call) nor reads another one."""
+    from huggingface_hub import HfApi
+
+    from framework.local_hub import LocalHub, patch_client
+
+    folder = tmp_path / "with_tokenizer"
+    hf_config("llama", VOCAB).save_pretrained(str(folder))
+    for name, words in (("first", ["hello", "world"]), ("second", ["world", "hello"])):
+        _tokenizer(words).save_pretrained(str(folder))
+        with LocalHub(tmp_path / name) as hub, patch_client(hub.url, tmp_path / f"{name}_cache", token="dummy"):
+            HfApi(endpoint=hub.url).create_repo("local-user/tok")
+            HfApi(endpoint=hub.url).upload_folder(repo_id="local-user/tok", folder_path=str(folder))
+            started = time.perf_counter()
+            ids = load_tokenizer("local-user/tok")("hello world")["input_ids"]
+            assert time.perf_counter() - started < 10 and ids == ([2, 3] if name == "first" else [3, 2])
