@@ -193,11 +193,14 @@ def check_utf8(path: str, spec: str | None = None, chunk: int = 1 << 24) -> None
             offset += len(block)
 
 
-def read_texts(source: Source, split: str, column: str, batch_size: int = 1000) -> Iterator[list[str]]:
-    """The `column` of `split`, in order, a batch of strings at a time (null values skipped)."""
-    rows = source.load(split)
-    if source.builder != "text":
-        rows = rows.select_columns([column])
+def read_texts(source: Source, split: str, column: str, batch_size: int = 1000, rows: Any = None
+               ) -> Iterator[list[str]]:
+    """The `column` of `split`, in order, a batch of strings at a time (null values skipped). `rows`: the split
+    already opened (a rank's share at a position, `framework.data.streaming`), iterated as it is."""
+    if rows is None:
+        rows = source.load(split)
+        if source.builder != "text":
+            rows = rows.select_columns([column])
     try:
         for batch in rows.iter(batch_size=batch_size):
             texts = batch[column]

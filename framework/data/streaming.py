@@ -15,6 +15,7 @@ mid-epoch resumes with the same next batch without reading what it already train
 
 from __future__ import annotations
 
+import logging
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,6 +25,8 @@ import torch
 
 from framework.data.packing import IGNORE, PackedRows
 from framework.errors import InputError
+
+log = logging.getLogger(__name__)
 
 #: a read batch's documents: token ids, or (ids, labels with -100 where no loss is taken)
 Documents = list[Any]
@@ -181,6 +184,7 @@ class StreamLoader:
         self.epoch = 0  # set_epoch's, when no trainer says which
         self._resume: dict[str, Any] | None = None
         self._after: dict[tuple[int, int], dict[str, Any]] = {}  # (epoch, batches done) → position after them
+        self.totals = {"rows": 0, "repeated": 0}  # this rank's, over the whole run
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -200,20 +204,30 @@ class StreamLoader:
         self._resume = None
         self.stream.start(epoch, resume)
         batches = resume["batches"] if resume else 0
-        self._after = {(epoch, batches): {**self.stream.position(), "batches": batches}}
+        self._after = {(epoch, batches): self._position(batches)}
         return self._batches(epoch, batches)
+
+    def _position(self, batches: int) -> dict[str, Any]:
+        return {**self.stream.position(), "batches": batches, "totals": dict(self.totals)}
 
     def _batches(self, epoch: int, batches: int) -> Iterator[dict[str, torch.Tensor]]:
         s = self.stream
+        if batches == 0 and self._any(not s.has_fresh()):  # every rank raises together, none waits for another
+            raise InputError(f"data.streaming: a rank's share of the training split is empty ({self.world} ranks: "
+                             "a source with fewer rows or files than ranks?); add data or use fewer devices")
         while self._any(s.has_fresh()):
-            first = s.rows
+            first, repeated = s.rows, s.repeated
             rows = [s.next_row() for _ in range(self.batch_size)]
             batch = collate(rows, s.seq_len, s.packing, self.pad_id, self.rank + self.world * first, self.world)
+            self.totals = {"rows": self.totals["rows"] + len(rows),
+                           "repeated": self.totals["repeated"] + s.repeated - repeated}
             batches += 1
-            self._after[(epoch, batches)] = {**s.position(), "batches": batches}
+            self._after[(epoch, batches)] = self._position(batches)
             for old in [k for k in self._after if k[0] != epoch or k[1] < batches - 4]:
                 del self._after[old]  # Lightning fetches one batch ahead: a few positions are enough
             yield batch
+        log.info("data.streaming: epoch %d on rank %d: %d steps, %d rows, %d of them repeats (its share ended "
+                 "before the longest one's)", epoch, self.rank, batches, s.rows, s.repeated)
 
     def _consumed(self) -> int:
         """Batches of this epoch the run has trained on (Lightning has fetched one more than that)."""
@@ -224,11 +238,88 @@ class StreamLoader:
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch trained on: what a resumed run starts from."""
         epoch = self._current_epoch()
-        return dict(self._after.get((epoch, self._consumed()), {"epoch": epoch, "batches": 0}))
+        return dict(self._after.get((epoch, self._consumed()), {"epoch": epoch, "batches": 0, "totals": self.totals}))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resume = dict(state) if state else None
+        self.totals = dict(state.get("totals", self.totals)) if state else self.totals
 
-    def counts(self) -> dict[str, int]:
-        """This epoch's rows on this rank so far, and how many of them were repeats."""
-        return {"rows": self.stream.rows, "repeated": self.stream.repeated}
+
+
+# ---- the `text` / `chat` DataModule's streamed side (`data.streaming=true`) --------------------------------------
+#: validation rows read from the stream's start (the source's validation split, else its held-out documents)
+VAL_ROWS = 256
+
+
+def open_split(data: Any, split: str, rank: int = 0, world: int = 1, shuffle: bool = True) -> Callable[[int], Any]:
+    """`open_rows(epoch)`: the rank's share of `split` (`split_dataset_by_node`), its files in (seed, epoch) order."""
+    from datasets.distributed import split_dataset_by_node
+
+    base = data.source.load(split)
+
+    def open_rows(epoch: int) -> Any:
+        rows = split_dataset_by_node(base, rank=rank, world_size=world)
+        rows.set_epoch(shard_order_epoch(data.seed, epoch) if shuffle else 0)
+        return rows
+
+    return open_rows
+
+
+def documents_of(data: Any, held: float | None, validation: bool = False) -> Callable[[Any], Iterator[Documents]]:
+    """The DataModule's documents of opened rows (`data.document_batches`), without the held-out ones (training)
+    or only them (validation) when a `held` fraction of the documents is the validation set."""
+
+    def documents(rows: Any) -> Iterator[Documents]:
+        for group in data.document_batches(rows):
+            if held is None:
+                yield group
+            else:
+                yield [d for d in group if held_out(_split(d)[0], held) == validation]
+
+    return documents
+
+
+def _splits_documents(data: Any) -> bool:
+    """Whether packed rows continue a document across rows (text), or keep each whole (chat: `split_documents`)."""
+    return bool(getattr(data, "split_documents", True))
+
+
+def train_loader(data: Any) -> StreamLoader:
+    """The streamed training loader of a `text` / `chat` DataModule (`data.trainer` gives rank and world size)."""
+    trainer = data.trainer
+    rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+    held = None if data.val_split else data.val_fraction
+    stream = RankStream(open_split(data, data.split, rank, world), documents_of(data, held), data.seq_len,
+                        data.packing, _splits_documents(data))
+    data.stream_loader = StreamLoader(stream, data.batch_size, data.pad_id, trainer)
+    return data.stream_loader
+
+
+def val_rows(data: Any, limit: int = VAL_ROWS) -> list[dict[str, torch.Tensor]]:
+    """The first `limit` validation rows, the same on every rank: from the source's validation split, else the
+    held-out documents of the training split (`held_out`)."""
+    if data.val_split:
+        opened, documents = open_split(data, data.val_split, shuffle=False), documents_of(data, None)
+    else:
+        opened = open_split(data, data.split, shuffle=False)
+        documents = documents_of(data, data.val_fraction, validation=True)
+    stream = RankStream(opened, documents, data.seq_len, data.packing, _splits_documents(data))
+    rows = []
+    while len(rows) < limit and stream.has_fresh():
+        rows.append(stream.next_row())
+    if not rows:
+        where = f"the {data.val_split} split" if data.val_split else f"the held-out documents ({data.val_fraction:g})"
+        raise InputError(f"data.source={data.source.spec}: {where} has no text in data.column={data.column!r}; "
+                         "raise data.val_fraction or add text")
+    batch = collate(rows, data.seq_len, data.packing, data.pad_id, 0)
+    return [{key: value[i] for key, value in batch.items()} for i in range(len(rows))]
+
+
+def record(data: Any) -> dict[str, Any]:
+    """What results.json says about streamed data: the source, and this rank's rows and repeats so far."""
+    loader = getattr(data, "stream_loader", None)
+    counts = loader.totals if loader is not None else {"rows": 0, "repeated": 0}
+    return {**data.source.describe(), "fingerprint": data.fingerprint, "format": data.source.format,
+            "column": data.column, "seq_len": data.seq_len, "packing": data.packing, "streaming": True,
+            "rows_read": counts["rows"], "repeated_rows": counts["repeated"], "val_rows": len(data.val_set or ()),
+            "validation": data.val_split or f"held out: {data.val_fraction:g} of the documents (by content hash)"}

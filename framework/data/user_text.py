@@ -54,6 +54,7 @@ class TextData(SplitData):
         seed: int | None = 0,
         num_workers: int = 0,
         cache_dir: str | None = None,
+        streaming: bool = False,
     ):
         super().__init__()
         for key, value in (("seq_len", seq_len), ("batch_size", batch_size)):
@@ -64,6 +65,7 @@ class TextData(SplitData):
                              "for validation when the source has no validation split)")
         self.column, self.seq_len, self.packing, self.batch_size = column, seq_len, bool(packing), batch_size
         self.val_fraction, self.seed, self.num_workers = val_fraction, seed, num_workers
+        self.streaming = bool(streaming)  # read the training split as a stream (framework.data.streaming)
         if not source:
             raise InputError("data.source= is required: a file, a folder, a glob such as 'corpus/*.jsonl', or a Hub "
                              "dataset id 'owner/name' (with data.revision= to pin it)")
@@ -109,7 +111,8 @@ class TextData(SplitData):
         held = None if self.val_split else self.val_fraction
         return {"kind": "text", "source": self.source.identity(), "column": self.column, "format": self.source.format,
                 "split": self.split, "val_split": self.val_split, "val_fraction": held,
-                "tokenizer": tokenizer_identity(self.tokenizer), "seq_len": self.seq_len, "packing": self.packing}
+                "tokenizer": tokenizer_identity(self.tokenizer), "seq_len": self.seq_len, "packing": self.packing,
+                **({"streaming": True} if self.streaming else {})}
 
     @property
     def fingerprint(self) -> str:
@@ -117,7 +120,8 @@ class TextData(SplitData):
 
     def prepare_data(self) -> None:
         """Tokenize and pack into the cache, once per node (Lightning calls it on local rank 0 before `setup`)."""
-        self.build()
+        if not self.streaming:  # streamed: nothing is written ahead
+            self.build()
 
     def build(self) -> Path:
         """The cached packed arrays of this data, made if missing (atomically: no process sees half of them)."""
@@ -125,7 +129,12 @@ class TextData(SplitData):
         return folder
 
     def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
+        if self.train_set is not None or (self.streaming and self.val_set is not None):
+            return
+        if self.streaming:
+            from framework.data import streaming
+
+            self.val_set = streaming.val_rows(self)
             return
         folder = self.build()
         self.train_set, self.val_set = (PackedRows(folder / name, self.pad_id) for name in ("train", "val"))
@@ -154,14 +163,28 @@ class TextData(SplitData):
                                  f"{self.column!r} (an empty source)")
 
     def _documents(self, split: str) -> Iterator[np.ndarray]:
-        """Each non-empty text of `split` as token ids: UTF-8 bytes, or the tokenizer's ids and its EOS."""
-        for texts in sources.read_texts(self.source, split, self.column):
+        """Each non-empty text of `split` as token ids (`document_batches`), in order."""
+        for batch in self.document_batches(None, split):
+            yield from batch
+
+    def document_batches(self, rows: Any = None, split: str | None = None) -> Iterator[list[np.ndarray]]:
+        """The documents of `split` (or of `rows`, a split already opened: `framework.data.streaming`), a list per
+        read batch: each text's UTF-8 bytes, or the tokenizer's ids and its EOS."""
+        for texts in sources.read_texts(self.source, split or self.split, self.column, rows=rows):
             if self.tokenizer is None:
-                yield from (np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts)
+                yield [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
                 continue
             eos = [] if self.eos_id is None else [self.eos_id]
-            for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]:
-                yield np.asarray(ids + eos, dtype=np.int64)
+            yield [np.asarray(ids + eos, dtype=np.int64)
+                   for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    def train_dataloader(self) -> Any:
+        """The resumable, self-sharding loader over the packed rows; streamed: `framework.data.streaming`'s."""
+        if self.streaming:
+            from framework.data import streaming
+
+            return streaming.train_loader(self)
+        return super().train_dataloader()
 
     def state_dict(self) -> dict[str, Any]:
         """Goes into the run's checkpoint: what the data was, so a resumed run can tell it is the same."""
@@ -179,6 +202,10 @@ class TextData(SplitData):
     def record(self) -> dict[str, Any]:
         """What results.json and the model card say about the data: dataset, format, tokens, packing efficiency."""
         self.setup()
+        if self.streaming:
+            from framework.data import streaming
+
+            return streaming.record(self)
         train, val = self.meta["train"], self.meta["val"]
         return {**self.source.describe(), "fingerprint": self.fingerprint, "format": self.source.format,
                 "column": self.column, "tokenizer": tokenizer_identity(self.tokenizer).get("name_or_path", "bytes"),
