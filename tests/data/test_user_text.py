@@ -184,6 +184,24 @@ def test_a_recipe_trains_on_a_folder_of_text_files_through_the_cli(tmp_path, cli
                                             cache_dir=str(tmp_path / "cache")).fingerprint
 
 
+@pytest.mark.slow  # a fresh interpreter (HF_ENDPOINT is read at import): ~16 s
+def test_a_hub_dataset_is_trained_on_by_name_and_revision_in_a_fresh_process(tmp_path, cli, hub):
+    repo, up = "me/user-text", tmp_path / "up"
+    hub.api.create_repo(repo, repo_type="dataset")
+    up.mkdir()
+    (up / "train.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in _texts(40)))
+    sha = hub.api.upload_folder(folder_path=up, repo_id=repo, repo_type="dataset").oid
+    (up / "train.jsonl").write_text(json.dumps({"body": "a later commit"}) + "\n")
+    hub.api.upload_folder(folder_path=up, repo_id=repo, repo_type="dataset")
+    env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": "dummy", "HF_HOME": str(tmp_path / "hf"),
+           "FRAMEWORK_DATA_CACHE": str(tmp_path / "cache")}
+    proc = cli(*TINY_TEXT, f"data.source={repo}", f"data.revision={sha}", "data.column=body", "trainer.max_steps=2",
+               f"hydra.run.dir={tmp_path}/run", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["TextData"]
+    assert state["source"] == {"dataset": repo, "revision": sha, "sha": sha}
+
+
 TINY_TEXT = ["recipe=char_lm", "data=text", "data.seq_len=32", "data.batch_size=4", "model.dim=32", "model.depth=1",
              "trainer.limit_val_batches=1", "trainer.val_check_interval=null", "trainer.check_val_every_n_epoch=1",
              "threads=1"]
