@@ -59,13 +59,22 @@ class Source:
 
     def load(self, split: str) -> Any:
         """The `split` as a streamed `datasets.IterableDataset` (rows are read as they are consumed)."""
-        import datasets
-
+        datasets = datasets_module()
         if self.repo_id:
             return datasets.load_dataset(self.repo_id, revision=self.sha, split=split, streaming=True)
         extra = {"sample_by": "document"} if self.builder == "text" else {}
         return datasets.load_dataset(self.builder, data_files={split: self.files[split]}, split=split,
                                      streaming=True, **extra)
+
+
+def datasets_module() -> Any:
+    """Hugging Face `datasets`, imported on first use (an InputError saying how to install it where it is not)."""
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - the dev extra installs it
+        raise InputError("the user's own data is read through Hugging Face `datasets`: pip install "
+                         "'framework[data]'") from None
+    return datasets
 
 
 def resolve(source: str, revision: str | None = None, format: str | None = None) -> Source:  # noqa: A002
@@ -93,9 +102,9 @@ def resolve(source: str, revision: str | None = None, format: str | None = None)
 def _folder_splits(folder: Path, format: str | None) -> dict[str, list[str]]:  # noqa: A002
     """The folder's files by split, as `datasets` infers them (train.jsonl / validation.jsonl ..., else all
     files are train), keeping the supported formats (`FORMATS`)."""
-    from datasets.data_files import DataFilesDict, get_data_patterns
-
-    from_patterns = DataFilesDict.from_patterns(get_data_patterns(str(folder)), base_path=str(folder))
+    data_files = datasets_module().data_files
+    from_patterns = data_files.DataFilesDict.from_patterns(data_files.get_data_patterns(str(folder)),
+                                                           base_path=str(folder))
     keep = {ext for ext, builder in FORMATS.items() if format in (None, builder)}
     splits = {str(s): sorted(f for f in files if Path(f).suffix in keep) for s, files in from_patterns.items()}
     splits = {s: fs for s, fs in splits.items() if fs}
@@ -144,9 +153,7 @@ def splits_of(source: Source) -> list[str]:
     """The split names the source has (a Hub dataset's as `datasets` infers them from its files or card)."""
     if not source.repo_id:
         return list(source.files)
-    import datasets
-
-    return list(datasets.load_dataset(source.repo_id, revision=source.sha, streaming=True))
+    return list(datasets_module().load_dataset(source.repo_id, revision=source.sha, streaming=True))
 
 
 def check(source: Source, column: str, splits: list[str]) -> list[str]:
@@ -240,5 +247,5 @@ def remember(root: Path, key: str, summary: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["FORMATS", "Source", "VAL_SPLITS", "check", "check_utf8", "read_texts", "remember", "remembered",
-           "resolve", "splits_of"]
+__all__ = ["FORMATS", "Source", "VAL_SPLITS", "check", "check_utf8", "datasets_module", "read_texts", "remember",
+           "remembered", "resolve", "splits_of"]

@@ -165,6 +165,21 @@ def test_a_missing_file_through_the_cli_is_one_error_line_exit_2_and_nothing_wri
     assert not run_dir.exists()
 
 
+def test_prepare_builds_the_cache_the_run_with_the_same_overrides_reads(tmp_path, cache, monkeypatch):
+    from framework.data.prepare import prepare
+
+    folder = _folder(tmp_path, _texts(20))
+    record = prepare(["recipe=char_lm", "data=text", f"data.source={folder}", "data.seq_len=32",
+                      f"hydra.run.dir={tmp_path / 'unused'}"])
+    assert record["tokens"] > 0 and record["packing"] and not (tmp_path / "unused").exists()
+    monkeypatch.setattr(sources, "read_texts", lambda *a, **k: pytest.fail("the run read the source again"))
+    run = TextData(str(folder), seq_len=32, batch_size=4)  # what the run builds from the same overrides
+    run.setup()
+    assert run.fingerprint == record["fingerprint"] and run.record()["tokens"] == record["tokens"]
+    with pytest.raises(InputError, match="data=byte_corpus is built in and has nothing to prepare"):
+        prepare(["recipe=char_lm"])
+
+
 def test_held_out_documents_are_spread_evenly_and_never_none():
     assert [i for i in range(10) if held_out(i, 0.3)] == [0, 3, 6]
     assert sum(held_out(i, 0.05) for i in range(1000)) == 50
