@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize
+from hydra.errors import InstantiationException
 from hydra_zen import instantiate
 from omegaconf import OmegaConf
 
@@ -34,6 +35,10 @@ def test_every_registered_name_composes_and_instantiates(hydra, group, name, tmp
     assert node is not None and "_target_" in node
     plain = OmegaConf.to_container(node, resolve=False)
     node = {k: (str(tmp_path) if isinstance(v, str) and "hydra:" in v else v) for k, v in plain.items()}
+    if group == "data" and "source" in node and node["source"] is None:  # the user's own data: named by the user
+        with pytest.raises(InstantiationException, match="data.source= is required"):
+            instantiate(node)
+        return
     assert instantiate(node) is not None
 
 
