@@ -108,6 +108,7 @@ BAD: dict[tuple[str, str], tuple | None] = {
     ("module", "mdlm"): (lambda: [_tiny_lm()], {"ema_decay": 1.5}, r"ema_decay=1\.5 must be in \[0, 1\)"),
     ("module", "causal_lm"): None,  # CausalLM(model, optimizer, scheduler): nothing to tune
     ("data", "byte_corpus"): (list, {"seq_len": 0}, r"seq_len=0 .*must be positive"),
+    ("data", "text"): (list, {"source": "corpus.txt", "seq_len": 0}, r"data.seq_len=0 must be an integer >= 1"),
     ("data", "needle"): (list, {"n_symbols": 1}, r"n_symbols=1 must be >= 2"),
     ("data", "kv_recall"): (list, {"n_pairs": 0}, r"n_pairs=0 must be >= 1"),
     ("callback", "checkpoint"): (list, {"every_n_train_steps": -1}, r"every_n_train_steps=-1. Must be >= 0"),
