@@ -35,6 +35,8 @@ SKIPPED = {
     "ckpt_path=RUN/checkpoints/step000300.ckpt": "needs the full-size run (growth at step 200, a checkpoint at 300)",
     "runs/mdlm-text/checkpoints/step000200.ckpt": "needs the full-size run's step-200 checkpoint (smoke runs 4 steps)",
     "generate local-user/mdlm-text": "needs that repo on the Hub; docs/hub.md's walkthrough pushes one the same way",
+    "data.source=my_": "the reader's own files (tests/data/test_user_text.py writes such files, trains on them)",
+    "data.source=my-org/my-corpus": "the reader's Hub dataset (tests/data/test_user_text.py pushes one locally)",
 }
 #: placeholder → how the session fills it (from what the doc's earlier commands wrote in `cwd`)
 PLACEHOLDERS: dict[str, Callable[[Path], str]] = {
