@@ -55,7 +55,8 @@ class PackWriter:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.dtype = np.dtype(dtype)
         self.offset = self.fill = self.documents = 0
-        self.has_targets = False
+        self.has_targets = False  # some token is not a target: targets.bin is written (earlier tokens backfilled)
+        self._backfill = 0
         self._tokens: list[np.ndarray] = []
         self._targets: list[np.ndarray] = []
         self._rows: list[int] = [0]
@@ -73,23 +74,27 @@ class PackWriter:
             labels = np.asarray(labels)
             if labels.shape != ids.shape:
                 raise ValueError(f"labels of shape {labels.shape} for ids of shape {ids.shape}: give one per token")
-        target = np.ones(len(ids), dtype=np.uint8) if labels is None else (labels != IGNORE).astype(np.uint8)
-        self.has_targets |= labels is not None and not target.all()
+        target = None if labels is None else (labels != IGNORE).astype(np.uint8)
+        if target is not None and not self.has_targets and not target.all():
+            self.has_targets, self._backfill, self._targets = True, self.offset, []  # all tokens so far: targets
+        if self.has_targets and target is None:
+            target = np.ones(len(ids), dtype=np.uint8)
         self.documents += 1
         if self.fill and (not self.packing or (not self.split and len(ids) > self.seq_len - self.fill)):
             self._end_row()
         while len(ids):
             piece = self.seq_len - self.fill
-            self._put(ids[:piece], target[:piece])
-            ids, target = ids[piece:], target[piece:]
+            self._put(ids[:piece], None if target is None else target[:piece])
+            ids, target = ids[piece:], None if target is None else target[piece:]
 
-    def _put(self, ids: np.ndarray, target: np.ndarray) -> None:
+    def _put(self, ids: np.ndarray, target: np.ndarray | None) -> None:
         if self.dtype.kind == "u" and (int(ids.min()) < 0 or int(ids.max()) > np.iinfo(self.dtype).max):
             raise ValueError(f"token ids in [{int(ids.min())}, {int(ids.max())}] do not fit {self.dtype} (ids from 0 "
                              f"to {np.iinfo(self.dtype).max}); pack with a wider dtype (`token_dtype(vocab_size)`)")
         self._docs.append(self.offset)
         self._tokens.append(ids.astype(self.dtype, copy=False))
-        self._targets.append(target)
+        if self.has_targets:
+            self._targets.append(target)
         self.offset += len(ids)
         self.fill += len(ids)
         self._pending += len(ids)
@@ -103,6 +108,10 @@ class PackWriter:
         self.fill = 0
 
     def _flush(self) -> None:
+        while self._backfill:  # the tokens before the first non-target were all targets
+            step = min(self._backfill, _FLUSH_TOKENS)
+            self._files["targets"].write(np.ones(step, dtype=np.uint8).tobytes())
+            self._backfill -= step
         for name, parts, dtype in (("tokens", self._tokens, self.dtype), ("targets", self._targets, np.uint8)):
             if parts:
                 self._files[name].write(np.concatenate(parts).astype(dtype, copy=False).tobytes())

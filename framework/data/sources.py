@@ -144,6 +144,9 @@ def _hub(repo_id: str, revision: str | None) -> Source:
     except RepositoryNotFoundError:
         raise InputError(f"data.source={repo_id}: no such local file or folder, and the Hub at {constants.ENDPOINT} "
                          f"has no dataset repo '{repo_id}' (or it is private and this token cannot read it)") from None
+    except Exception as err:  # noqa: BLE001 - offline, unreachable: say which Hub and why, in one line
+        raise InputError(f"data.source={repo_id}: no such local file or folder, and the Hub at {constants.ENDPOINT} "
+                         f"cannot be asked for the dataset '{repo_id}' ({_short(err)})") from None
     suffixes = {Path(f.rfilename).suffix for f in info.siblings or []}
     kinds = sorted({FORMATS[suffix] for suffix in suffixes if suffix in FORMATS})
     return Source(repo_id, "hub", repo_id=repo_id, revision=revision, sha=info.sha, format="+".join(kinds) or "hub")

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from framework.data import packing
 from framework.data.packing import IGNORE, PackedRows, cached, pack, token_dtype
 
 
@@ -74,6 +75,19 @@ def test_labels_mark_only_the_documents_targets(tmp_path):
     assert rows[0]["labels"].tolist() == [IGNORE, IGNORE, IGNORE, 13, 14, 15, IGNORE, 21]
     with pytest.raises(ValueError, match="labels of shape"):
         pack([(ids, labels[:3])], tmp_path / "q", seq_len=8)
+
+
+def test_targets_begin_when_a_document_first_masks_a_token_and_cover_the_tokens_before(tmp_path, monkeypatch):
+    monkeypatch.setattr(packing, "_FLUSH_TOKENS", 3)  # flushes before and after the first masked document
+    ids = np.arange(10, 16)
+    docs = [(np.arange(1, 6), None), (ids, np.where(np.arange(6) < 3, IGNORE, ids)), (np.arange(20, 23), None)]
+    rows = pack(docs, tmp_path / "p", seq_len=7)
+    targets = np.fromfile(tmp_path / "p" / "targets.bin", dtype=np.uint8).tolist()
+    assert targets == [1] * 5 + [0, 0, 0, 1, 1, 1] + [1] * 3
+    got = [int(t) for i in range(len(rows)) for t in rows[i]["labels"]]
+    assert got == [IGNORE, 2, 3, 4, 5, IGNORE, IGNORE, IGNORE, 13, 14, 15, IGNORE, 21, 22]
+    assert not (tmp_path / "q").exists() and not pack(docs[:1], tmp_path / "q", seq_len=7).meta["targets"]
+    assert not (tmp_path / "q" / "targets.bin").exists()
 
 
 def test_rows_are_flat_memmapped_arrays_that_survive_pickling(tmp_path):
