@@ -35,6 +35,7 @@ class TextData(SplitData):
 
     vocab_size = 256
     tokenizer = None
+    _tokenizer_identity: dict[str, Any] = {"name_or_path": "bytes"}  # noqa: RUF012 - replaced, never mutated
     mask_id: int | None = None
     eos_id: int | None = None
     pad_id: int = 0
@@ -99,6 +100,7 @@ class TextData(SplitData):
     def use_tokenizer(self, tokenizer: Any) -> None:
         """Read the text as `tokenizer`'s ids (a transformers tokenizer): its vocabulary, EOS, pad and [MASK]."""
         self.tokenizer = tokenizer
+        self._tokenizer_identity = tokenizer_identity(tokenizer)  # once: hashing a large vocabulary takes a while
         self.vocab_size = len(tokenizer)
         self.eos_id = tokenizer.eos_token_id
         self.mask_id = getattr(tokenizer, "mask_token_id", None)
@@ -111,7 +113,7 @@ class TextData(SplitData):
         held = None if self.val_split else self.val_fraction
         return {"kind": "text", "source": self.source.identity(), "column": self.column, "format": self.source.format,
                 "split": self.split, "val_split": self.val_split, "val_fraction": held,
-                "tokenizer": tokenizer_identity(self.tokenizer), "seq_len": self.seq_len, "packing": self.packing,
+                "tokenizer": self._tokenizer_identity, "seq_len": self.seq_len, "packing": self.packing,
                 **({"streaming": True} if self.streaming else {})}
 
     @property
@@ -208,7 +210,7 @@ class TextData(SplitData):
             return streaming.record(self)
         train, val = self.meta["train"], self.meta["val"]
         return {**self.source.describe(), "fingerprint": self.fingerprint, "format": self.source.format,
-                "column": self.column, "tokenizer": tokenizer_identity(self.tokenizer).get("name_or_path", "bytes"),
+                "column": self.column, "tokenizer": self._tokenizer_identity["name_or_path"],
                 "seq_len": self.seq_len, "packing": self.packing, "documents": train["documents"],
                 "tokens": train["tokens"], "rows": train["rows"], "packing_efficiency": round(train["efficiency"], 4),
                 "val_documents": val["documents"], "val_tokens": val["tokens"],
