@@ -223,6 +223,7 @@ def cached(root: Path, key: str, build: Callable[[Path], Any]) -> tuple[Path, bo
     try:
         build(tmp)
         (tmp / "done").write_text(key)
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would keep a shared cache from the other users of a node
         try:
             os.rename(tmp, final)
         except OSError:
