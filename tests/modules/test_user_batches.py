@@ -225,10 +225,70 @@ def test_mdlm_mask_agnostic_trains_an_hf_masked_lm_on_user_rows():
         model.zero_grad()
 
 
-@pytest.mark.long
+def test_a_causal_lm_hands_a_selection_policy_each_rows_pooled_hidden_state_and_token_stats(monkeypatch):
+    """With a policy that reads features and logits, a training step returns each row's final hidden state (the LM
+    head's input: the model's own `features`) averaged over its supervised positions, and its `token_stats`."""
+    from framework.models.hf import HFCausalLM
+    from framework.samplers.agent import DataAgentPolicy
+
+    torch.manual_seed(0)
+    model = HFCausalLM(config=LLAMA, vocab_size=VOCAB)
+    lm = CausalLM(model)
+    monkeypatch.setattr(CausalLM, "_selection_needs", lambda self: set(DataAgentPolicy.needs))
+    batch = padded(_documents())
+    out = lm.training_step(batch, 0)
+    with torch.no_grad():
+        hidden = model.features(batch["input_ids"], batch["attention_mask"])
+        logits, targets = lm.predictions(batch)
+    for row, n in enumerate(LENGTHS):  # supervised: positions 0 .. n-2 predict tokens 1 .. n-1
+        torch.testing.assert_close(out["features"][row], hidden[row, : n - 1].mean(0), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out["token_stats"], token_stats(logits, targets))
+    torch.testing.assert_close(out["token_stats"][:, 0], out["per_sample_loss"].detach(), rtol=1e-5, atol=1e-6)
+
+
+def _text_file(folder) -> str:
+    """A JSON-lines file of 24 short documents."""
+    g = torch.Generator().manual_seed(0)
+    words = "the quick brown fox jumps over a lazy dog while packed rows keep documents apart".split()
+    lines = []
+    for _ in range(24):
+        picks = torch.randint(0, len(words), (int(torch.randint(3, 30, (1,), generator=g)),), generator=g)
+        lines.append(json.dumps({"text": " ".join(words[i] for i in picks)}))
+    path = folder / "docs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("sampler", ["data_agent", "infobatch"])
+def test_selection_prunes_among_the_users_text_rows(cli, tmp_path, sampler):
+    """`data=text` (dict batches of packed rows) under a selection policy, through the real CLI: three epochs, and the
+    later ones train on fewer rows (per-row losses weighed, the agent acting on each row's state)."""
+    proc = cli("recipe=char_lm", "data=text", f"data.source={_text_file(tmp_path)}", f"sampler={sampler}",
+               "trainer.max_steps=-1", "trainer.max_epochs=3", "data.batch_size=8", "data.seq_len=64", "model.dim=32",
+               "model.depth=1", "trainer.limit_val_batches=1", "trainer.val_check_interval=null",
+               f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "results.json").read_text())["metrics"]
+    assert metrics["selection/pruned"] > 0 and metrics["selection/cost"] < 1
+
+
+def test_mdlm_mask_agnostic_on_the_users_text_with_an_hf_masked_lm(cli, tmp_path):
+    """`module=mdlm loss=mask_agnostic` trains a transformers masked LM (its tokenizer's [MASK]) on `data=text`."""
+    from hf_models import save_model
+
+    folder = save_model("bert", tmp_path / "bert")
+    proc = cli("recipe=mdlm_text", "model=hf_masked_lm", f"model.name_or_path={folder}", "data=text",
+               f"data.source={_text_file(tmp_path)}", "loss=mask_agnostic", "trainer.max_steps=2", "data.batch_size=4",
+               "data.seq_len=32", "trainer.limit_val_batches=1", "trainer.val_check_interval=2",
+               f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "results.json").read_text())["metrics"]
+    assert metrics["train/extra_loss"] > 0 and metrics["train/ce_k2"] > 0 and 0 < metrics["val/nelbo"] < 1e3
+
+
 def test_data_agent_selects_among_a_language_models_rows(cli, tmp_path):
-    """`sampler=data_agent` on the byte LM (tensor batches) trains through the real CLI: the agent acts on each row's
-    pooled hidden state and its token-level reward pieces."""
+    """`sampler=data_agent` on the byte LM's tensor batches (it was a TypeError asking for logits) trains through the
+    real CLI: the agent acts on each row's pooled hidden state and its token-level reward pieces."""
     proc = cli("recipe=char_lm", "sampler=data_agent", "trainer.max_steps=3", "data.batch_size=4",
                "data.seq_len=32", "model.dim=32", "model.depth=1", "trainer.limit_val_batches=1",
                "trainer.val_check_interval=3", f"hydra.run.dir={tmp_path}")
