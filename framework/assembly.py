@@ -14,6 +14,8 @@ from framework.registry import LOSSES, METRICS, MODULES
 
 #: group → the module's constructor argument it is handed to (the `loss` group is a module's extra loss term)
 MODULE_ARGS = {"loss": "extra_loss", "metric": "metric"}
+#: the data's special-token ids a model factory taking `special_ids` gets (those the data states)
+SPECIAL_IDS = ("pad_id", "bos_id", "eos_id", "mask_id")
 
 
 def assemble(
@@ -36,6 +38,7 @@ def assemble(
     if getattr(data, "seed", 0) is None:
         data.seed = seed
     hand_tokenizer(model, data)
+    model = hand_special_ids(model, data)
     spec = DataSpec.of(data)
     extra = {MODULE_ARGS[group]: _handed_to(module, group, part, (choices or {}).get(group))
              for group, part in (("loss", loss), ("metric", metric)) if part is not None}
@@ -63,6 +66,16 @@ def hand_tokenizer(model: Any, data: Any) -> Any:
     if tokenizer is not None and callable(getattr(data, "use_tokenizer", None)):
         data.use_tokenizer(tokenizer)
     return tokenizer
+
+
+def hand_special_ids(model: Any, data: Any) -> Any:
+    """`model` (a factory) with the data's special-token ids (`SPECIAL_IDS` it states, after it took a tokenizer) as
+    `special_ids` where it takes them and has none: a fresh HF config's pad/bos/eos are then the data's."""
+    if not isinstance(model, functools.partial) or model.keywords.get("special_ids") is not None or \
+            "special_ids" not in inspect.signature(model.func).parameters:
+        return model
+    ids = {name: int(getattr(data, name)) for name in SPECIAL_IDS if isinstance(getattr(data, name, None), int)}
+    return functools.partial(model, special_ids=ids)
 
 
 def _handed_to(module: Any, group: str, part: Any, choice: str | None = None) -> Any:

@@ -110,6 +110,7 @@ class HFLanguageModel(RecordsConfig):
     are then shifted one place right (Dream's convention: position t's logits come from t−1's output, so an
     autoregressive checkpoint's head keeps its meaning). `tokenizer` names where the tokenizer comes from when that
     is not `name_or_path` (a grown model is rebuilt from its config, its tokenizer still its source's).
+    `special_ids`: the data's (`{"eos_id": 3, ...}`, handed in by the run) that a fresh config on its vocabulary takes.
     """
 
     kind = "causal"
@@ -126,6 +127,7 @@ class HFLanguageModel(RecordsConfig):
         causal: bool = True,
         tokenizer: str | None = None,
         strict: bool = True,
+        special_ids: dict[str, int] | None = None,
     ):
         super().__init__()
         self.bidirectional = not causal
@@ -148,7 +150,7 @@ class HFLanguageModel(RecordsConfig):
             else:
                 model = load_pretrained(auto, str(name_or_path), revision, strict, **kwargs).train()  # loads in eval
         else:
-            hf_config = fresh_hf_config(config, vocab_size)
+            hf_config = fresh_hf_config(config, vocab_size, special_ids)
             self._check_kind(hf_config, f"model.config.model_type={hf_config.model_type}")
             model = auto.from_config(hf_config, **kwargs)
         self.hf = model
@@ -248,9 +250,9 @@ class HFCausalLM(HFLanguageModel):
     def __init__(self, name_or_path: str | None = None, config: dict[str, Any] | None = None,
                  vocab_size: int | None = None, revision: str | None = None, dtype: str = "float32",
                  attn_implementation: str | None = None, causal: bool = True, tokenizer: str | None = None,
-                 strict: bool = True):
+                 strict: bool = True, special_ids: dict[str, int] | None = None):
         super().__init__(name_or_path, config, vocab_size, revision, dtype, attn_implementation, causal, tokenizer,
-                         strict)
+                         strict, special_ids)
 
     @property
     def gate_shape(self) -> tuple[int, int]:
@@ -332,9 +334,10 @@ class HFMaskedLM(HFLanguageModel):
 
     def __init__(self, name_or_path: str | None = None, config: dict[str, Any] | None = None,
                  vocab_size: int | None = None, revision: str | None = None, dtype: str = "float32",
-                 attn_implementation: str | None = None, tokenizer: str | None = None, strict: bool = True):
+                 attn_implementation: str | None = None, tokenizer: str | None = None, strict: bool = True,
+                 special_ids: dict[str, int] | None = None):
         super().__init__(name_or_path, config, vocab_size, revision, dtype, attn_implementation, tokenizer=tokenizer,
-                         strict=strict)
+                         strict=strict, special_ids=special_ids)
 
 
 def is_hf_model(model: Any) -> bool:

@@ -21,6 +21,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "toke
 WEIGHTS, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"
 #: the special-token ids a config may hold (an int, or a list of ints for eos)
 TOKEN_ID_KEYS = tuple(f"{name}_token_id" for name in ("pad", "bos", "eos", "sep", "cls", "mask", "unk"))
+#: the data's ids (`special_ids`, by the data's attribute name) a fresh config on the data's vocabulary takes
+DATA_TOKEN_IDS = {"pad_id": "pad_token_id", "bos_id": "bos_token_id", "eos_id": "eos_token_id",
+                  "mask_id": "mask_token_id"}
 SHOWN = 3  # tensor names an error shows per kind, then a count
 
 
@@ -194,14 +197,17 @@ def _cached_weight_files(name_or_path: str, revision: str | None) -> list[Path]:
     return [Path(file) for file in found if isinstance(file, str)]
 
 
-def fresh_hf_config(config: dict[str, Any], vocab_size: int | None) -> Any:
+def fresh_hf_config(config: dict[str, Any], vocab_size: int | None, special_ids: dict[str, int] | None = None) -> Any:
     """A transformers config from `{"model_type": ..., **values}`; the data's `vocab_size` unless the config sets
     one. ValueError for a missing or unknown model_type (with close matches).
 
     What the family's defaults assume of a full-size model is fitted to this one, each change stated in a log line:
-    its special-token ids (`*_token_id`) outside the vocabulary are cleared (ids the user set there are a
-    ValueError naming the key), and a head_dim the family fixes regardless of the hidden size (qwen3: 128, gemma:
-    256) becomes hidden_size // num_attention_heads unless the config gives one (indivisible: a ValueError)."""
+    on the data's vocabulary (`vocab_size` given, the config setting none) with the data's `special_ids` known
+    (`{"eos_id": 3, ...}`, the data's attribute names; {} where it states none), its pad/bos/eos/mask ids are the
+    data's and the family's others are cleared (the family's eos may be the data's separator); else its
+    special-token ids (`*_token_id`) outside the vocabulary are cleared. Ids the user set win (outside the
+    vocabulary: a ValueError naming the key). A head_dim the family fixes regardless of the hidden size (qwen3: 128,
+    gemma: 256) becomes hidden_size // num_attention_heads unless the config gives one (indivisible: a ValueError)."""
     transformers = _transformers()
     values = _plain(config)
     model_type = values.pop("model_type", None)
@@ -212,10 +218,12 @@ def fresh_hf_config(config: dict[str, Any], vocab_size: int | None) -> Any:
         raise ValueError(f"model.config.model_type={model_type!r} is not a model type transformers "
                          f"{transformers.__version__} knows: {hint}e.g. llama, qwen2, qwen3, mistral, mixtral, olmoe, "
                          f"bert ({len(known)} in all)")
+    datas = special_ids is not None and vocab_size is not None and "vocab_size" not in values
     if vocab_size is not None:
         values.setdefault("vocab_size", int(vocab_size))
     hf_config = transformers.AutoConfig.for_model(model_type, **values)
-    changes = {**_fit_token_ids(hf_config, values), **_fit_head_dim(hf_config, values)}
+    ids = _data_token_ids(hf_config, values, special_ids or {}) if datas else _fit_token_ids(hf_config, values)
+    changes = {**ids, **_fit_head_dim(hf_config, values)}
     return transformers.AutoConfig.for_model(model_type, **values, **changes) if changes else hf_config
 
 
@@ -248,6 +256,21 @@ def _fit_token_ids(hf_config: Any, values: dict[str, Any]) -> dict[str, Any]:
         log.info("model.config: the %s defaults %s are outside the vocabulary (vocab_size=%d): now %s (set them in "
                  "model.config to choose)", hf_config.model_type, was, vocab,
                  ", ".join(f"{k}={v}" for k, v in changes.items()))
+    return changes
+
+
+def _data_token_ids(hf_config: Any, values: dict[str, Any], special_ids: dict[str, int]) -> dict[str, Any]:
+    """The data's pad/bos/eos/mask ids, and None for each other special-token id the family sets (those the user set
+    kept, checked against the vocabulary), stated in one log line."""
+    stated = {DATA_TOKEN_IDS[name]: int(i) for name, i in special_ids.items() if name in DATA_TOKEN_IDS}
+    changes = {key: stated.get(key) for key in TOKEN_ID_KEYS
+               if key not in values and (key in stated or _attr(hf_config, key) is not None)}
+    _fit_token_ids(hf_config, {**values, **changes})  # raises for an id outside the vocabulary; changes none
+    was = ", ".join(f"{k}={_attr(hf_config, k)}" for k in changes if _attr(hf_config, k) != changes[k])
+    if changes:
+        log.info("model.config: special-token ids from the data (vocab_size=%s): %s%s (set them in model.config to "
+                 "choose)", _attr(hf_config, "vocab_size"), ", ".join(f"{k}={v}" for k, v in changes.items()),
+                 f"; the {hf_config.model_type} defaults were {was}" if was else "")
     return changes
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import finish, start_cli
+from helpers import finish, run_cli, start_cli
 from hf_models import hf_config
 
 pytest.importorskip("transformers")
@@ -152,6 +152,53 @@ def test_a_fresh_config_without_head_dim_takes_hidden_over_heads(caplog):
     assert fresh_hf_config({"model_type": "gemma", **SMALL}, 256).head_dim == 8
     with pytest.raises(ValueError, match=r"hidden_size=30 .*num_attention_heads=4"):
         fresh_hf_config({"model_type": "qwen3", **SMALL, "hidden_size": 30}, 256)
+
+
+def test_a_fresh_config_on_the_datas_vocabulary_takes_the_datas_special_ids(hub, tmp_path):
+    """The README's pointer-chase model (`recipe=pointer_chase_lm`, a fresh Llama config): its pushed config and
+    generation config say the task's PAD 0, BOS 1 and EOS 3 (Llama's default eos 2 is the task's SEP), and the run's
+    one loading line says so; the Hub copy opens in transformers with them."""
+    import json
+
+    from framework.data.pointer_chase import BOS, EOS, PAD
+
+    env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": "dummy", "HF_HOME": str(tmp_path / "hf_home"), "FRAMEWORK_SMOKE": "1"}
+    repo = "local-user/chase-ids"
+    proc = run_cli("recipe=pointer_chase_lm", "model=hf_causal_lm", "model.config={model_type: llama, hidden_size: 32, "
+                   "intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2}",
+                   "trainer.max_steps=1", f"hub.repo_id={repo}", f"hydra.run.dir={tmp_path / 'run'}", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = {line.split(" - ", 1)[-1] for line in proc.stdout.splitlines() if "special-token ids" in line}
+    (line,) = said  # one line (the warm test CLI shows the preflight's build's too: the same line)
+    assert "pad_token_id=0, bos_token_id=1, eos_token_id=3" in line and "defaults were" in line, line
+    assert "eos_token_id=2" in line, line  # what it replaced: Llama's eos, the task's SEP
+    wanted = {"pad_token_id": PAD, "bos_token_id": BOS, "eos_token_id": EOS}
+    for name in ("config.json", "generation_config.json"):
+        pushed = json.loads(Path(hub.api.hf_hub_download(repo, name)).read_text())
+        assert {k: pushed.get(k) for k in wanted} == wanted, (name, pushed)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "phi3", "gemma2", "olmoe", "bert"])
+def test_the_datas_special_ids_replace_the_familys_and_the_users_win(model_type):
+    keys = ("pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id")
+    small = {**SMALL, **({"num_experts": 2, "num_experts_per_tok": 1} if model_type == "olmoe" else {})}
+    config = fresh_hf_config({"model_type": model_type, **small}, 36, {"pad_id": 0, "bos_id": 1, "eos_id": 3})
+    assert {k: getattr(config, k, None) for k in keys} == {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 3,
+                                                           "mask_token_id": None}
+    none = fresh_hf_config({"model_type": model_type, **small}, 36, {})  # the data states none: the family's cleared
+    assert all(getattr(none, k, None) is None for k in keys)
+    mine = fresh_hf_config({"model_type": model_type, **small, "eos_token_id": 5}, 36, {"eos_id": 3, "mask_id": 4})
+    assert (mine.eos_token_id, mine.mask_token_id, mine.pad_token_id) == (5, 4, None)
+    with pytest.raises(ValueError, match=r"model.config.eos_token_id=36 .*vocab_size=36"):
+        fresh_hf_config({"model_type": model_type, **small, "eos_token_id": 36}, 36, {"eos_id": 3})
+    own = fresh_hf_config({"model_type": model_type, **small, "vocab_size": 40}, 36, {"eos_id": 3})
+    family = fresh_hf_config({"model_type": model_type, **small, "vocab_size": 40}, 36)
+    assert own.eos_token_id == family.eos_token_id  # its own vocabulary: the family's ids inside it are kept
+    model_cls = HFMaskedLM if model_type == "bert" else HFCausalLM
+    model = model_cls(config={"model_type": model_type, **small}, vocab_size=36,
+                      special_ids={"pad_id": 0, "mask_id": 2})
+    assert model.hf.config.pad_token_id == 0 and model.mask_id == 2 and model.init_config["special_ids"]["mask_id"] == 2
+    assert model(torch.randint(0, 36, (1, 8))).shape == (1, 8, 36)
 
 
 # ---- attention --------------------------------------------------------------------------------------------------
