@@ -57,6 +57,7 @@ class ChatData(TextData):
         seed: int | None = 0,
         num_workers: int = 0,
         cache_dir: str | None = None,
+        streaming: bool = False,
     ):
         if train_on not in TRAIN_ON:
             raise InputError(f"data.train_on={train_on!r}; valid: {', '.join(TRAIN_ON)}")
@@ -66,7 +67,8 @@ class ChatData(TextData):
         self.shape, self.columns = "", {}
         super().__init__(source=source, column="messages", revision=revision, format=format, split=split,
                          val_split=val_split, val_fraction=val_fraction, seq_len=seq_len, packing=packing,
-                         batch_size=batch_size, seed=seed, num_workers=num_workers, cache_dir=cache_dir)
+                         batch_size=batch_size, seed=seed, num_workers=num_workers, cache_dir=cache_dir,
+                         streaming=streaming)
 
     # ---- the tokenizer --------------------------------------------------------------------------------------
     @property
@@ -117,6 +119,28 @@ class ChatData(TextData):
         except ValueError:
             return None
         return None if first is None else list(first)
+
+    #: streamed (`data.streaming=true`, framework.data.streaming): rows keep whole conversations, next-fit in order
+    split_documents = False
+
+    def document_batches(self, rows: Any = None, split: str | None = None) -> Iterator[list[Document]]:
+        """The documents of `rows` (a split opened by framework.data.streaming) or of `split`, a list per read batch
+        (rows the renderer skips left out)."""
+        renderer, split = self.renderer(), split or self.split
+        rows = self.source.load(split) if rows is None else rows
+        index = 0
+        try:
+            for batch in rows.iter(batch_size=1000):
+                size = len(next(iter(batch.values()), []))
+                docs = [renderer.document({c: batch[c][k] for c in self.columns.values() if c in batch}, index + k)
+                        for k in range(size)]
+                index += size
+                yield [doc for doc in docs if doc is not None]
+        except InputError:
+            raise
+        except ValueError as err:
+            raise InputError(f"data.source={self.source.spec}: the {split} split cannot be read "
+                             f"({' '.join(str(err).split())[:300]})") from None
 
     def rows(self, split: str) -> Iterator[dict[str, Any]]:
         """The split's rows (the shape's columns only), in order."""
@@ -181,7 +205,7 @@ class ChatData(TextData):
         """The text record, with the shape, the mask and the chat counts (rows kept, skipped, truncated)."""
         record = super().record()
         return {**record, "format": f"chat ({self.shape}; {record['format']})", "columns": self.columns,
-                "train_on": self.train_on, "chat": self.meta["train"]["chat"]}
+                "train_on": self.train_on, "chat": self.meta["train"]["chat"] if self.meta else None}
 
 
 class BestFit:

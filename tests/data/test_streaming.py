@@ -1,0 +1,188 @@
+"""`data.streaming=true`: a corpus read as a stream, packed on the fly into the rows the packed cache holds; peak
+memory flat in the corpus' size; a run killed with SIGKILL resumes to the same next batch, streamed or not."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import KILL, REPO, finish, start_cli, train_state
+from helpers import assert_same_state as assert_same
+
+from framework.data import streaming
+from framework.data.packing import pack
+from framework.data.streaming import RankStream, collate, held_out, open_split
+from framework.data.user_text import TextData
+
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+
+
+def corpus(folder: Path, sizes: dict[str, int], seed: int = 0) -> Path:
+    """JSON-lines files of numbered documents ('name/i: words#', each unique, no byte 0), `sizes` = rows per file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    for name, n in sizes.items():
+        with open(folder / f"{name}.jsonl", "w", encoding="utf-8") as f:
+            for i in range(n):
+                words = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(1, 12)))
+                f.write(json.dumps({"text": f"{name}/{i}: {words}#"}) + "\n")
+    return folder
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FRAMEWORK_DATA_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _rows(stream: RankStream, n: int | None = None) -> list:
+    out = []
+    while (stream.has_fresh() if n is None else len(out) < n):
+        out.append(stream.next_row())
+    return out
+
+
+@pytest.mark.parametrize("packing,split_documents", [(True, True), (True, False), (False, True)])
+def test_streamed_rows_are_the_rows_the_packed_cache_holds(tmp_path, cache, packing, split_documents):
+    data = TextData(str(corpus(tmp_path / "c", {"train": 60, "validation": 5})), seq_len=24, batch_size=4,
+                    packing=packing, streaming=True)
+    stream = RankStream(open_split(data, "train", shuffle=False), streaming.documents_of(data, None), 24, packing,
+                        split_documents)
+    streamed = collate(_rows(stream), 24, packing, data.pad_id, 0)
+    cached = pack(((ids, None) for ids in data._documents("train")), tmp_path / "packed", 24, packing,
+                  split_documents)
+    assert stream.repeated == 0 and len(streamed["input_ids"]) == len(cached) > 10
+    for key in ("input_ids", "labels", "position_ids" if packing else "attention_mask"):
+        assert torch.equal(streamed[key], torch.stack([cached[i][key] for i in range(len(cached))])), key
+
+
+def test_a_stream_resumed_at_any_row_gives_the_same_rows_repeats_included(tmp_path, cache):
+    data = TextData(str(corpus(tmp_path / "c", {"train-0": 9, "train-1": 40, "train-2": 3, "train-3": 14,
+                                                "validation": 3})), seq_len=16, batch_size=2, streaming=True)
+
+    opened = open_split(data, "train", 0, 2)
+
+    def rank_stream():
+        return RankStream(opened, streaming.documents_of(data, None), 16, True)
+
+    stream, positions, rows = rank_stream(), [], []
+    stream.start(epoch=3)
+    while stream.repeated < 5:  # on through the end of rank 0's share (2 files of 4) into its repeats
+        positions.append(stream.position())
+        rows.append(stream.next_row())
+    assert stream.passes == 1 and len(rows) > 10
+    for i in range(0, len(rows), 4):
+        again = rank_stream()
+        again.start(3, positions[i])
+        for want in rows[i:]:
+            got = again.next_row()
+            assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]) and got[2] == want[2]
+    first = {}  # each epoch reads the files in another order (the same on every rank)
+    for epoch in range(4):
+        stream.start(epoch)
+        first[epoch] = bytes(stream.next_row()[0]).split(b"/")[0]
+    assert len(set(first.values())) > 1
+
+
+def test_held_out_documents_are_validation_never_training_and_together_they_are_the_split(tmp_path, cache):
+    data = TextData(str(corpus(tmp_path / "c", {"train": 300})), seq_len=32, batch_size=4, val_fraction=0.1,
+                    streaming=True)
+    data.setup()
+    loader = data.train_dataloader()
+    trained = b"".join(bytes(row[row != 0].tolist()) for batch in loader for row in batch["input_ids"])
+    held = b"".join(bytes(row["input_ids"][row["input_ids"] != 0].tolist()) for row in data.val_set)
+    docs = [json.loads(line)["text"].encode() for line in open(tmp_path / "c" / "train.jsonl", encoding="utf-8")]
+    train_docs = [d + b"#" for d in trained.split(b"#")[:-1]]
+    val_docs = [d + b"#" for d in held.split(b"#")[:-1]]
+    assert set(val_docs) == {d for d in docs if held_out(np.frombuffer(d, np.uint8), 0.1)} and 15 < len(val_docs) < 45
+    assert set(train_docs) == set(docs) - set(val_docs)
+    assert loader.totals["repeated"] < data.batch_size  # only the last batch is filled with repeats
+    assert data.record()["repeated_rows"] == loader.totals["repeated"]
+
+
+# ---- peak memory: a subprocess reads a corpus, then one 10x larger -----------------------------------------------
+RSS = r"""
+import json, random, resource, sys
+from pathlib import Path
+root, small, seq = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+rng, words = random.Random(0), ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
+def write(folder, files):  # 1 MB files, as a sharded corpus is
+    folder.mkdir(parents=True)
+    for k in range(files):
+        with open(folder / f"part-{k:04d}.jsonl", "w") as f:
+            n = 0
+            while n < 1_000_000:
+                line = json.dumps({"text": " ".join(rng.choices(words, k=rng.randrange(20, 400)))}) + "\n"
+                n += f.write(line)
+from framework.data.user_text import TextData
+out = {}
+for name, files in (("small", small), ("large", 10 * small)):
+    write(root / name, files)
+    data = TextData(source=str(root / name), streaming=True, seq_len=seq, batch_size=16, val_fraction=0.01,
+                    cache_dir=str(root / "cache"))
+    data.setup()
+    loader = data.train_dataloader()
+    steps = sum(1 for _ in loader)
+    out[name] = {"mb": files, "steps": steps, "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+print(json.dumps(out))
+"""
+
+
+def _peaks(tmp_path: Path, small_mb: int) -> dict:
+    proc = subprocess.run([sys.executable, "-c", RSS, str(tmp_path), str(small_mb), "512"], capture_output=True,
+                          text=True, cwd=REPO, timeout=900, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+                                                                  "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("small_mb", [1, pytest.param(10, marks=pytest.mark.slow)])
+def test_peak_memory_does_not_grow_with_the_corpus(tmp_path, small_mb):
+    """Peak RSS (maxrss: the process's high-water mark) after streaming one epoch of `small_mb` MB, then after one
+    of 10x as much in the same process: reading 10x more raises the peak by under 10%."""
+    out = _peaks(tmp_path, small_mb)
+    small, large = out["small"], out["large"]
+    assert large["steps"] > 9 * small["steps"] > 0
+    assert large["peak_kb"] <= 1.1 * small["peak_kb"], out
+
+
+# ---- a SIGKILLed run resumes to the same next batch ------------------------------------------------------------
+TINY = ["recipe=char_lm", "data=text", "data.seq_len=32", "data.batch_size=4", "model.dim=16", "model.depth=1",
+        "model.heads=2", "trainer.limit_val_batches=1", "trainer.val_check_interval=null",
+        "trainer.check_val_every_n_epoch=1", "threads=1", "callbacks.checkpoint.every_n_train_steps=1",
+        "+callbacks.batches._target_=support.batch_log.BatchLog"]
+
+
+def _log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("streamed", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_a_run_killed_mid_epoch_resumes_to_the_same_next_batch(tmp_path, streamed):
+    source = corpus(tmp_path / "c", {"train-0": 8, "train-1": 3, "validation": 2})  # ~17 rows: 4 steps an epoch
+    args = [*TINY, f"data.source={source}", f"data.streaming={str(streamed).lower()}", "trainer.max_steps=12",
+            f"data.cache_dir={tmp_path / 'cache'}"]  # (an argument, not the environment: the CLI is served warm)
+    full, cut, resumed = (tmp_path / name for name in ("full", "cut", "resumed"))
+    ref = start_cli([*args, f"+callbacks.batches.path={full}.jsonl", f"hydra.run.dir={full}"])
+    killed = start_cli([*args, *KILL, "+callbacks.kill.step=6", f"+callbacks.batches.path={cut}.jsonl",
+                        f"hydra.run.dir={cut}"])
+    (code, err), (kcode, kerr) = finish(ref), finish(killed)
+    assert code == 0, err[-3000:]
+    assert kcode == -9, kerr[-3000:]
+    assert train_state(cut / "checkpoints" / "last.ckpt")["global_step"] == 6  # mid-way through the 2nd epoch
+    code, err = finish(start_cli([*args, f"ckpt_path={cut / 'checkpoints' / 'last.ckpt'}",
+                                  f"+callbacks.batches.path={resumed}.jsonl", f"hydra.run.dir={resumed}"]))
+    assert code == 0, err[-3000:]
+    want, got = _log(tmp_path / "full.jsonl"), _log(tmp_path / "resumed.jsonl")
+    assert [b["step"] for b in want] == list(range(12)) and [b["step"] for b in got] == list(range(6, 12))
+    assert got == want[6:]  # the same batches, bit for bit (a hash of every tensor), from the next one on
+    assert _log(tmp_path / "cut.jsonl")[:6] == want[:6]
+    assert_same(train_state(full / "checkpoints" / "last.ckpt"), train_state(resumed / "checkpoints" / "last.ckpt"))
+    epochs = [b["epoch"] for b in want]
+    assert epochs[5] == epochs[6] == 1 and epochs[-1] >= 2  # killed mid-epoch, and the run went on past it
