@@ -156,15 +156,15 @@ class ChatRenderer:
             if not turns:
                 return None
             return self._turns(messages, turns[-1:] if train_on == "last" else turns, index)
-        prompt, completion = (row[self.columns[n]] for n in ("prompt", "completion"))
+        prompt, completion = (_scalar(row[self.columns[n]]) for n in ("prompt", "completion"))
         if isinstance(prompt, str) and isinstance(completion, str):
             first, second = self._tokens([prompt, completion])
             tail = [self.eos] if self.eos is not None else []
             ids = np.asarray(list(first) + list(second) + tail, dtype=np.int64)
             return ids, (None if train_on == "all" else [(len(first), len(ids))])
         if isinstance(prompt, str) or isinstance(completion, str):
-            raise InputError(f"data=chat: row {index}'s prompt and completion are a string and a message list; "
-                             "give both as strings or both as message lists")
+            raise InputError(f"data=chat: row {index}'s prompt and completion are a {type(prompt).__name__} and a "
+                             f"{type(completion).__name__}; give both as strings or both as message lists")
         messages = _messages(prompt, index, self.columns["prompt"]) + \
             _messages(completion, index, self.columns["completion"])
         ids, spans = self._turns(messages, [len(prompt)], index, whole_tail=True)
@@ -235,6 +235,11 @@ class ChatRenderer:
             f"{before[at:at + 24]!r} became {text[at:at + 24]!r}), so the assistant's tokens cannot be found turn "
             "by turn and the loss mask is refused; set data.chat_template= to a template that renders earlier turns "
             "the same whatever follows, or data.train_on=all")
+
+
+def _scalar(value: Any) -> Any:
+    """A number read from a CSV column (datasets infers int / float) as its text; anything else as it is."""
+    return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
 def _messages(value: Any, index: int, column: str) -> list[dict[str, Any]]:

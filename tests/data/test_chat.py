@@ -206,3 +206,149 @@ def test_malformed_rows_name_the_row_and_what_it_holds(tokenizers):
         chat.document({"messages": [{"role": "user", "text": "hi"}]}, 2)
     with pytest.raises(InputError, match=r"data.train_on='first'; valid: assistant, last, all"):
         renderer(tokenizers["chatml"], train_on="first")
+
+
+# ---- the chat DataModule ----------------------------------------------------------------------------------------
+def _conversation(i: int) -> list[dict[str, str]]:
+    turns = [{"role": "user", "content": f"Question {i}: how many {'cats ' * (i % 4)}?"},
+             {"role": "assistant", "content": f"Answer {i}: {i % 7} {'there ' * (i % 5)}."}]
+    return turns * (1 + i % 2) if i % 5 != 3 else turns[:1]  # every 5th conversation has no assistant turn
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FRAMEWORK_DATA_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _jsonl(path, rows):
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _packed_documents(rows):
+    """Each packed document's ids and labels, split where position_ids restart (a row's padding is one too)."""
+    docs = []
+    for i in range(len(rows)):
+        row = rows[i]
+        for tok, label, pos in zip(*(row[k].tolist() for k in ("input_ids", "labels", "position_ids")), strict=True):
+            if pos == 0:
+                docs.append(([], []))
+            docs[-1][0].append(tok)
+            docs[-1][1].append(label)
+    return docs
+
+
+def test_a_chat_file_packs_whole_conversations_whose_targets_are_the_assistant_turns(tmp_path, cache, tokenizers,
+                                                                                      capsys):
+    from framework.data.user_chat import ChatData, best_fit
+
+    tok = tokenizers["chatml"]
+    convs = [_conversation(i) for i in range(40)]
+    dm = ChatData(str(_jsonl(tmp_path / "chat.jsonl", [{"messages": c, "id": i} for i, c in enumerate(convs)])),
+                  seq_len=256, batch_size=2, val_fraction=0.25)
+    with pytest.raises(InputError, match=r"the model brings no tokenizer .*use a model that brings one: "
+                                         r"hf_causal_lm or hf_masked_lm with model.name_or_path="):
+        dm.vocab_size  # noqa: B018 - what the run asks of data (DataSpec) when a byte model gave it no tokenizer
+    dm.use_tokenizer(tok)
+    dm.setup()
+    assert "data=chat train: 24 of 30 rows kept; 6 skipped with no assistant turn" in capsys.readouterr().out
+    train = [c for i, c in enumerate(convs) if i % 4 and i % 5 != 3]  # val_fraction 0.25: every 4th, from the first
+    docs = _packed_documents(dm.train_set)
+    rendered = sorted(tok.apply_chat_template(c, tokenize=False) for c in train)
+    whole = sorted(tok.decode(ids) for ids, _ in docs if tok.decode(ids).startswith("<|im_start|>"))
+    assert whole == rendered  # every conversation whole in one row (never split across rows)
+    got = sorted(tok.decode([i for i, lab in zip(ids, labels, strict=True) if lab != IGNORE]) for ids, labels in docs
+                 if any(lab != IGNORE for lab in labels))
+    assert got == sorted("".join(f"{m['content']}<|im_end|>" for m in c if m["role"] == "assistant") for c in train)
+    record = dm.record()
+    assert record["chat"]["no_assistant"] == 6 and record["train_on"] == "assistant"
+    assert record["format"] == "chat (messages; json)" and record["tokens"] == record["chat"]["tokens"]
+    lengths = [len(tok.apply_chat_template(c, tokenize=False)) for c in train]  # bytes = tokens here, near enough
+    assert record["rows"] <= len(best_fit(lengths, 256)) + 1  # best-fit decreasing, not one conversation a row
+
+
+def test_prompt_completion_columns_by_a_map_and_their_ids_for_the_probes(tmp_path, cache, tokenizers):
+    import csv
+
+    from framework.data.user_chat import ChatData
+
+    path = tmp_path / "qa.csv"
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["question", "answer"])
+        w.writerows([[f"What is {i} + {i}?", f" {2 * i} apples"] for i in range(11)] + [["What is 9 + 9?", 18]])
+    with pytest.raises(InputError, match=r"the rows have columns 'question', 'answer', and neither shape fits"):
+        ChatData(str(path))
+    dm = ChatData(str(path), columns={"prompt": "question", "completion": "answer"}, seq_len=32, batch_size=2)
+    dm.use_tokenizer(tokenizers["llama3"])
+    pairs = list(dm.prompt_completions(limit=3))
+    tok = tokenizers["llama3"]
+    assert [(tok.decode(p), tok.decode(c)) for p, c in pairs] == [
+        (f"What is {i} + {i}?", f" {2 * i} apples<|eot_id|>") for i in range(3)]
+    dm.setup()  # ceil(12 * 0.05) = 1 row held out: row 0; the last row's answer is a number in the CSV
+    answers = [f" {2 * i} apples" for i in range(1, 11)] + ["18"]
+    assert dm.record()["chat"]["targets"] == sum(len(tok(a)["input_ids"]) + 1 for a in answers)
+
+
+def test_conversations_and_a_tokenizer_without_template_are_refused_at_the_hand_off(tmp_path, cache):
+    from framework.data.user_chat import ChatData
+
+    dm = ChatData(str(_jsonl(tmp_path / "chat.jsonl", [{"messages": _conversation(i)} for i in range(4)])))
+    with pytest.raises(InputError, match=r"has no chat template"):
+        dm.use_tokenizer(tiny_tokenizer(None))
+    with pytest.raises(InputError, match=r"data.train_on='turns'; valid: assistant, last, all"):
+        ChatData(str(tmp_path / "chat.jsonl"), train_on="turns")
+
+
+def test_best_fit_fills_rows_no_worse_than_in_order():
+    from framework.data.user_chat import best_fit
+
+    rng = np.random.default_rng(0)
+    lengths = [int(x) for x in rng.integers(10, 120, 500)]
+    bins = best_fit(lengths, 128)
+    assert sorted(i for b in bins for i in b) == list(range(500))
+    assert all(sum(lengths[i] for i in b) <= 128 for b in bins)
+    in_order, fill = 1, 0
+    for n in lengths:
+        in_order, fill = (in_order + 1, n) if fill + n > 128 else (in_order, fill + n)
+    assert len(bins) < 0.8 * in_order and sum(lengths) / (128 * len(bins)) > 0.93  # 358 rows in order, 279
+
+
+def test_chat_data_on_a_byte_model_is_one_error_line_exit_2_and_nothing_written(tmp_path, cli):
+    path = _jsonl(tmp_path / "chat.jsonl", [{"messages": _conversation(i)} for i in range(4)])
+    run_dir = tmp_path / "run"
+    proc = cli("recipe=char_lm", "data=chat", f"data.source={path}", f"data.cache_dir={tmp_path / 'cache'}",
+               f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "brings no tokenizer" in lines[0] and "hf_causal_lm" in lines[0]
+    assert not run_dir.exists()
+
+
+def test_an_hf_model_trains_on_a_chat_file_through_the_cli_and_logs_the_counts(tmp_path, cli, tokenizers):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = tokenizers["chatml"]
+    model = tmp_path / "tiny-chat-llama"
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         eos_token_id=tok.eos_token_id, bos_token_id=None, pad_token_id=None)
+    LlamaForCausalLM(config).save_pretrained(model)
+    tok.save_pretrained(model)
+    rows = [{"messages": _conversation(i)} for i in range(30)] + [{"messages": CONVERSATION * 8}]  # > seq_len
+    path = _jsonl(tmp_path / "chat.jsonl", rows)
+    run_dir = tmp_path / "run"
+    proc = cli("recipe=char_lm", "data=chat", f"data.source={path}", f"data.cache_dir={tmp_path / 'cache'}",
+               "data.seq_len=256", "data.batch_size=2", "model=hf_causal_lm", f"model.name_or_path={model}",
+               "trainer.max_steps=2", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (run_dir / "train.log").read_text()
+    assert "data=chat train: 23 of 29 rows kept; 6 skipped with no assistant turn; 1 truncated" in log
+    proc = cli("recipe=char_lm", "data=chat", f"data.source={path}", f"data.cache_dir={tmp_path / 'cache'}",
+               "data.seq_len=256", "data.truncate=false", "model=hf_causal_lm", f"model.name_or_path={model}",
+               f"hydra.run.dir={tmp_path / 'refused'}")
+    assert proc.returncode == 2 and "error: data=chat: row 30 is " in proc.stderr
+    assert "longer than data.seq_len=256" in proc.stderr
