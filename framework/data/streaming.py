@@ -236,14 +236,30 @@ class StreamLoader:
         return self.trainer.fit_loop.epoch_loop.batch_progress.current.ready
 
     def state_dict(self) -> dict[str, Any]:
-        """The position after the last batch trained on: what a resumed run starts from."""
+        """Every rank's position after the last batch trained on (the checkpoint is rank 0's, so the positions are
+        gathered: every rank writes it at the same step)."""
         epoch = self._current_epoch()
-        return dict(self._after.get((epoch, self._consumed()), {"epoch": epoch, "batches": 0, "totals": self.totals}))
+        mine = dict(self._after.get((epoch, self._consumed()), {"epoch": epoch, "batches": 0, "totals": self.totals}))
+        ranks = [mine]
+        if self.world > 1:
+            import torch.distributed as dist
+
+            ranks = [None] * self.world
+            dist.all_gather_object(ranks, mine)
+        return {"world": self.world, "ranks": ranks}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._resume = dict(state) if state else None
-        self.totals = dict(state.get("totals", self.totals)) if state else self.totals
-
+        """Start from this rank's position in `state`; InputError when it holds another number of ranks' positions
+        mid-epoch (each rank's share of the files depends on the world size)."""
+        ranks = (state or {}).get("ranks") or []
+        if ranks and len(ranks) != self.world:
+            if any(r.get("batches") for r in ranks):
+                raise InputError(f"data.streaming: the checkpoint was written mid-epoch by {len(ranks)} rank(s), and "
+                                 f"this run has {self.world}; resume on {len(ranks)} (each rank's share of the files "
+                                 "depends on how many there are), or from an epoch's end")
+            ranks = []
+        self._resume = dict(ranks[self.rank]) if ranks else None
+        self.totals = dict(self._resume.get("totals", self.totals)) if self._resume else self.totals
 
 
 # ---- the `text` / `chat` DataModule's streamed side (`data.streaming=true`) --------------------------------------

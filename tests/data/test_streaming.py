@@ -4,7 +4,6 @@ memory flat in the corpus' size; a run killed with SIGKILL resumes to the same n
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -14,25 +13,12 @@ import pytest
 import torch
 from helpers import KILL, REPO, finish, start_cli, train_state
 from helpers import assert_same_state as assert_same
+from support.batch_log import corpus
 
 from framework.data import streaming
 from framework.data.packing import pack
 from framework.data.streaming import RankStream, collate, held_out, open_split
 from framework.data.user_text import TextData
-
-WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
-
-
-def corpus(folder: Path, sizes: dict[str, int], seed: int = 0) -> Path:
-    """JSON-lines files of numbered documents ('name/i: words#', each unique, no byte 0), `sizes` = rows per file."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(seed)
-    for name, n in sizes.items():
-        with open(folder / f"{name}.jsonl", "w", encoding="utf-8") as f:
-            for i in range(n):
-                words = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(1, 12)))
-                f.write(json.dumps({"text": f"{name}/{i}: {words}#"}) + "\n")
-    return folder
 
 
 @pytest.fixture
@@ -106,18 +92,69 @@ def test_held_out_documents_are_validation_never_training_and_together_they_are_
     assert data.record()["repeated_rows"] == loader.totals["repeated"]
 
 
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+          "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def _chat_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant"] + [f"w{i}" for i in range(40)]
+    model = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    model.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=model, eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    tok.chat_template = CHATML
+    return tok
+
+
+def _conversations(rows) -> list[tuple]:
+    """Each packed document of `rows` (a batch dict) as its (id, label) pairs: documents start at position 0."""
+    docs: list[list] = []
+    for ids, labels, pos in zip(*(rows[k].tolist() for k in ("input_ids", "labels", "position_ids")), strict=True):
+        for token, label, p in zip(ids, labels, pos, strict=True):
+            if p == 0:
+                docs.append([])
+            docs[-1].append((token, label))
+    return sorted(tuple(d) for d in docs if any(label != -100 for _, label in d))  # padding: no target
+
+
+def test_chat_rows_stream_as_the_whole_conversations_the_cache_holds(tmp_path, cache):
+    from framework.data.user_chat import ChatData
+
+    folder = tmp_path / "chat"
+    folder.mkdir()
+    for name, n in (("train", 50), ("validation", 5)):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps({"messages": [
+            {"role": "user", "content": " ".join(f"w{(i + k) % 40}" for k in range(1 + i % 5))},
+            {"role": "assistant", "content": f"w{i % 40} w{(i * 3) % 40}"}]}) + "\n" for i in range(n)))
+    streamed, cached = (ChatData(str(folder), seq_len=48, batch_size=4, streaming=s) for s in (True, False))
+    for data in (streamed, cached):
+        data.use_tokenizer(_chat_tokenizer())
+        data.setup()
+    stream = RankStream(open_split(streamed, "train", shuffle=False), streaming.documents_of(streamed, None), 48,
+                        True, streamed.split_documents)
+    rows = collate(_rows(stream), 48, True, streamed.pad_id, 0)
+    packed = cached.train_set
+    whole = {k: torch.stack([packed[i][k] for i in range(len(packed))]) for k in ("input_ids", "labels",
+                                                                                    "position_ids")}
+    assert _conversations(rows) == _conversations(whole) and len(_conversations(rows)) == 50
+    assert len(streamed.val_set) == 2 and streamed.record()["streaming"]
+
+
 # ---- peak memory: a subprocess reads a corpus, then one 10x larger -----------------------------------------------
 RSS = r"""
 import json, random, resource, sys
 from pathlib import Path
-root, small, seq = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+root, small, size, seq = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 rng, words = random.Random(0), ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
-def write(folder, files):  # 1 MB files, as a sharded corpus is
+def write(folder, files):  # files of `size` bytes, as a sharded corpus is
     folder.mkdir(parents=True)
     for k in range(files):
         with open(folder / f"part-{k:04d}.jsonl", "w") as f:
             n = 0
-            while n < 1_000_000:
+            while n < size:
                 line = json.dumps({"text": " ".join(rng.choices(words, k=rng.randrange(20, 400)))}) + "\n"
                 n += f.write(line)
 from framework.data.user_text import TextData
@@ -129,24 +166,24 @@ for name, files in (("small", small), ("large", 10 * small)):
     data.setup()
     loader = data.train_dataloader()
     steps = sum(1 for _ in loader)
-    out[name] = {"mb": files, "steps": steps, "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+    out[name] = {"bytes": files * size, "steps": steps, "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
 print(json.dumps(out))
 """
 
 
-def _peaks(tmp_path: Path, small_mb: int) -> dict:
-    proc = subprocess.run([sys.executable, "-c", RSS, str(tmp_path), str(small_mb), "512"], capture_output=True,
+def _peaks(tmp_path: Path, files: int, size: int) -> dict:
+    proc = subprocess.run([sys.executable, "-c", RSS, str(tmp_path), str(files), str(size), "512"], capture_output=True,
                           text=True, cwd=REPO, timeout=900, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
                                                                   "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("small_mb", [1, pytest.param(10, marks=pytest.mark.slow)])
-def test_peak_memory_does_not_grow_with_the_corpus(tmp_path, small_mb):
-    """Peak RSS (maxrss: the process's high-water mark) after streaming one epoch of `small_mb` MB, then after one
-    of 10x as much in the same process: reading 10x more raises the peak by under 10%."""
-    out = _peaks(tmp_path, small_mb)
+@pytest.mark.parametrize("files,size", [(2, 250_000), pytest.param(10, 1_000_000, marks=pytest.mark.slow)])
+def test_peak_memory_does_not_grow_with_the_corpus(tmp_path, files, size):
+    """Peak RSS (maxrss: the process's high-water mark) after streaming one epoch of `files` files of `size` bytes,
+    then after one of 10x as many in the same process: reading 10x more raises the peak by under 10%."""
+    out = _peaks(tmp_path, files, size)
     small, large = out["small"], out["large"]
     assert large["steps"] > 9 * small["steps"] > 0
     assert large["peak_kb"] <= 1.1 * small["peak_kb"], out

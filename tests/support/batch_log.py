@@ -4,12 +4,14 @@
 +callbacks.batches.path=/some/file.jsonl`: each rank appends one JSON line per step to `path` (`.rank{r}` before the
 suffix on ranks > 0): the global step, the epoch, a hash of every tensor in the batch, the rows' `index` and, with
 `tokens=true`, the rows' tokens other than `pad_id` (byte data: the text's bytes) to reconstruct what was read.
+`corpus` writes the files of numbered documents the streaming tests read.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +35,17 @@ class BatchLog(L.Callback):
         with path.open("a") as f:
             f.write(json.dumps(line) + "\n")
 
+
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+
+
+def corpus(folder: Path, sizes: dict[str, int], seed: int = 0) -> Path:
+    """JSON-lines files of numbered documents ('name/i: words#', each unique, no byte 0), `sizes` = rows per file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    for name, n in sizes.items():
+        with open(folder / f"{name}.jsonl", "w", encoding="utf-8") as f:
+            for i in range(n):
+                words = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(1, 12)))
+                f.write(json.dumps({"text": f"{name}/{i}: {words}#"}) + "\n")
+    return folder
