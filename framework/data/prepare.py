@@ -18,7 +18,7 @@ USAGE = "usage: python -m framework.data prepare recipe=NAME data=text data.sour
 
 
 def prepare(argv: list[str]) -> dict[str, Any]:
-    """Build the cache of the data `python -m framework.train ARGV` would read; returns its record."""
+    """Build the cache of the data `python -m framework.train ARGV` would read; returns its record and folder."""
     from hydra.core.hydra_config import HydraConfig
     from hydra_zen import instantiate
 
@@ -40,8 +40,8 @@ def prepare(argv: list[str]) -> dict[str, Any]:
                          "prepare data=text (the user's own data)")
     if cfg.get("model") is not None:
         hand_tokenizer(instantiate(cfg.model), data)
-    data.build()
-    return data.record()
+    folder = data.build()
+    return {**data.record(), "cache": str(folder)}  # where the run (on this disk, or a shared one) will read it
 
 
 def main(argv: list[str] | None = None) -> int:

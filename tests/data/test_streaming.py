@@ -223,3 +223,21 @@ def test_a_run_killed_mid_epoch_resumes_to_the_same_next_batch(tmp_path, streame
     assert_same(train_state(full / "checkpoints" / "last.ckpt"), train_state(resumed / "checkpoints" / "last.ckpt"))
     epochs = [b["epoch"] for b in want]
     assert epochs[5] == epochs[6] == 1 and epochs[-1] >= 2  # killed mid-epoch, and the run went on past it
+
+
+@pytest.mark.slow  # composes the run's config twice (~3 s); the text side's test runs prepare in make test
+def test_prepare_prints_where_the_cache_is_and_its_fingerprint_and_a_second_prepare_reuses_it(tmp_path, cache,
+                                                                                            monkeypatch, capsys):
+    from framework.data import sources
+    from framework.data.prepare import main
+
+    folder = corpus(tmp_path / "c", {"train": 30})
+    argv = ["prepare", "recipe=char_lm", "data=text", f"data.source={folder}", "data.seq_len=32",
+            f"hydra.run.dir={tmp_path / 'unused'}"]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert Path(first["cache"]).parent == cache / "text" and Path(first["cache"]).name == first["fingerprint"]
+    assert (Path(first["cache"]) / "train" / "tokens.bin").stat().st_size == first["tokens"] > 0
+    monkeypatch.setattr(sources, "read_texts", lambda *a, **k: pytest.fail("the second prepare read the source"))
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out) == first
