@@ -226,14 +226,15 @@ class StreamLoader:
             for old in [k for k in self._after if k[0] != epoch or k[1] < batches - 4]:
                 del self._after[old]  # Lightning fetches one batch ahead: a few positions are enough
             yield batch
-        log.info("data.streaming: epoch %d on rank %d: %d steps, %d rows, %d of them repeats (its share ended "
-                 "before the longest one's)", epoch, self.rank, batches, s.rows, s.repeated)
+        log.info("data.streaming: epoch %d on rank %d: %d steps, %d rows, %d of them repeats (rows of its share "
+                 "read again while a longer share was still being read)", epoch, self.rank, batches, s.rows,
+                 s.repeated)
 
     def _consumed(self) -> int:
         """Batches of this epoch the run has trained on (Lightning has fetched one more than that)."""
         if self.trainer is None:
             return max(k[1] for k in self._after) if self._after else 0
-        return self.trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        return self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's position after the last batch trained on (the checkpoint is rank 0's, so the positions are

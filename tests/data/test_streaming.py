@@ -200,29 +200,34 @@ def _log(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("streamed", [True, pytest.param(False, marks=pytest.mark.slow)])
-def test_a_run_killed_mid_epoch_resumes_to_the_same_next_batch(tmp_path, streamed):
+@pytest.mark.parametrize("streamed,signal", [(True, "SIGKILL"), pytest.param(False, "SIGKILL", marks=pytest.mark.slow),
+                                             pytest.param(True, "SIGTERM", marks=pytest.mark.slow)])
+def test_a_run_killed_mid_epoch_resumes_to_the_same_next_batch(tmp_path, streamed, signal):
+    """SIGKILL: resumed from the last step checkpoint; SIGTERM: from the one the run writes as it stops (before the
+    step it had fetched: the position must be the last batch trained on, not the one fetched)."""
     source = corpus(tmp_path / "c", {"train-0": 8, "train-1": 3, "validation": 2})  # ~17 rows: 4 steps an epoch
     args = [*TINY, f"data.source={source}", f"data.streaming={str(streamed).lower()}", "trainer.max_steps=12",
             f"data.cache_dir={tmp_path / 'cache'}"]  # (an argument, not the environment: the CLI is served warm)
     full, cut, resumed = (tmp_path / name for name in ("full", "cut", "resumed"))
     ref = start_cli([*args, f"+callbacks.batches.path={full}.jsonl", f"hydra.run.dir={full}"])
-    killed = start_cli([*args, *KILL, "+callbacks.kill.step=6", f"+callbacks.batches.path={cut}.jsonl",
-                        f"hydra.run.dir={cut}"])
+    killed = start_cli([*args, *KILL, "+callbacks.kill.step=6", f"+callbacks.kill.signal_name={signal}",
+                        f"+callbacks.batches.path={cut}.jsonl", f"hydra.run.dir={cut}"])
     (code, err), (kcode, kerr) = finish(ref), finish(killed)
     assert code == 0, err[-3000:]
-    assert kcode == -9, kerr[-3000:]
-    assert train_state(cut / "checkpoints" / "last.ckpt")["global_step"] == 6  # mid-way through the 2nd epoch
-    code, err = finish(start_cli([*args, f"ckpt_path={cut / 'checkpoints' / 'last.ckpt'}",
-                                  f"+callbacks.batches.path={resumed}.jsonl", f"hydra.run.dir={resumed}"]))
+    assert kcode == (-9 if signal == "SIGKILL" else 143), kerr[-3000:]
+    ckpt = cut / "checkpoints" / ("last.ckpt" if signal == "SIGKILL" else "interrupted.ckpt")
+    step = train_state(ckpt)["global_step"]
+    assert step in (6, 7)  # mid-way through the 2nd epoch
+    code, err = finish(start_cli([*args, f"ckpt_path={ckpt}", f"+callbacks.batches.path={resumed}.jsonl",
+                                  f"hydra.run.dir={resumed}"]))
     assert code == 0, err[-3000:]
     want, got = _log(tmp_path / "full.jsonl"), _log(tmp_path / "resumed.jsonl")
-    assert [b["step"] for b in want] == list(range(12)) and [b["step"] for b in got] == list(range(6, 12))
-    assert got == want[6:]  # the same batches, bit for bit (a hash of every tensor), from the next one on
-    assert _log(tmp_path / "cut.jsonl")[:6] == want[:6]
+    assert [b["step"] for b in want] == list(range(12)) and [b["step"] for b in got] == list(range(step, 12))
+    assert got == want[step:]  # the same batches, bit for bit (a hash of every tensor), from the next one on
+    assert _log(tmp_path / "cut.jsonl")[:step] == want[:step]
     assert_same(train_state(full / "checkpoints" / "last.ckpt"), train_state(resumed / "checkpoints" / "last.ckpt"))
     epochs = [b["epoch"] for b in want]
-    assert epochs[5] == epochs[6] == 1 and epochs[-1] >= 2  # killed mid-epoch, and the run went on past it
+    assert epochs[step - 1] == epochs[step] == 1 and epochs[-1] >= 2  # stopped mid-epoch, the run went on past it
 
 
 @pytest.mark.slow  # composes the run's config twice (~3 s); the text side's test runs prepare in make test
