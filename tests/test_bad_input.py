@@ -109,6 +109,8 @@ BAD: dict[tuple[str, str], tuple | None] = {
     ("module", "causal_lm"): None,  # CausalLM(model, optimizer, scheduler): nothing to tune
     ("data", "byte_corpus"): (list, {"seq_len": 0}, r"seq_len=0 .*must be positive"),
     ("data", "text"): (list, {"source": "corpus.txt", "seq_len": 0}, r"data.seq_len=0 must be an integer >= 1"),
+    ("data", "chat"): (list, {"source": "chats.jsonl", "train_on": "answers"},
+                       r"data.train_on='answers'; valid: assistant, last, all"),
     ("data", "needle"): (list, {"n_symbols": 1}, r"n_symbols=1 must be >= 2"),
     ("data", "kv_recall"): (list, {"n_pairs": 0}, r"n_pairs=0 must be >= 1"),
     ("callback", "checkpoint"): (list, {"every_n_train_steps": -1}, r"every_n_train_steps=-1. Must be >= 0"),

@@ -173,14 +173,14 @@ class ChatRenderer:
     def _render(self, messages: list[dict[str, Any]], index: int, generation: bool = False) -> str:
         """The chat template's text for `messages` (with the generation prompt if asked)."""
         self.check_template(needed=True)
-        from jinja2.exceptions import TemplateError
-
         continues = generation and bool(messages) and messages[-1]["role"] == "assistant"
         try:
             return self.tokenizer.apply_chat_template(
                 messages, tokenize=False, chat_template=self.template, add_generation_prompt=generation and not
                 continues, continue_final_message=continues)
-        except TemplateError as err:
+        except Exception as err:
+            if not _template_error(err):
+                raise
             raise InputError(f"data=chat: the chat template of {self.name!r} refused row {index}'s first "
                              f"{len(messages)} messages: {err}") from None
 
@@ -235,6 +235,12 @@ class ChatRenderer:
             f"{before[at:at + 24]!r} became {text[at:at + 24]!r}), so the assistant's tokens cannot be found turn "
             "by turn and the loss mask is refused; set data.chat_template= to a template that renders earlier turns "
             "the same whatever follows, or data.train_on=all")
+
+
+def _template_error(err: BaseException) -> bool:
+    """True for jinja2's TemplateError (a template refusing a row), found by class without importing jinja2: only
+    transformers' `apply_chat_template` needs it (transformers' `chat-template` extra)."""
+    return any(c.__name__ == "TemplateError" and c.__module__.startswith("jinja2") for c in type(err).__mro__)
 
 
 def _scalar(value: Any) -> Any:
