@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any
@@ -39,7 +40,7 @@ def assemble(
         data.seed = seed
     hand_tokenizer(model, data)
     model = hand_special_ids(model, data)
-    spec = DataSpec.of(data)
+    spec = appended_mask(module, DataSpec.of(data))
     extra = {MODULE_ARGS[group]: _handed_to(module, group, part, (choices or {}).get(group))
              for group, part in (("loss", loss), ("metric", metric)) if part is not None}
     if "extra_loss" in extra:  # the loss is built (with the data's mask and pad ids) once the module takes it
@@ -51,6 +52,25 @@ def assemble(
 
         callbacks = with_selection(callbacks, sampler() if isinstance(sampler, functools.partial) else sampler, seed)
     return lm, callbacks
+
+
+def appended_mask(module: Any, spec: DataSpec) -> DataSpec:
+    """`spec` with the [MASK] a masked diffusion module appends to a vocabulary that has none (id `vocab_size`, the
+    vocabulary one larger: MDLM's convention, `framework.modules.mdlm`), so a loss built beside it (`mask_agnostic`)
+    masks with the same id. Unchanged where the data states a mask id, or the module takes none or is given one."""
+    target = getattr(module, "func", module)
+    given = getattr(module, "keywords", {})
+    if spec.mask_id is not None or spec.vocab_size is None or given.get("mask_id") is not None or \
+            "mask_id" not in _parameters(target):
+        return spec
+    return dataclasses.replace(spec, mask_id=spec.vocab_size, vocab_size=spec.vocab_size + 1)
+
+
+def _parameters(target: Any) -> Any:
+    try:
+        return inspect.signature(target).parameters
+    except (TypeError, ValueError):  # a builtin or an object without a signature: it takes nothing by name
+        return {}
 
 
 def hand_tokenizer(model: Any, data: Any) -> Any:

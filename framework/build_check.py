@@ -21,9 +21,9 @@ from framework.errors import InputError, PreflightError
 PART_GROUPS = ("model", "loss", "optimizer", "scheduler", "sampler", "metric", "module")
 
 
-def build_parts(job: DictConfig, choices: dict[str, Any]) -> Any:
+def build_parts(job: DictConfig, choices: dict[str, Any]) -> tuple[Any, Any]:
     """Build what the run builds (models on the meta device, no data loaded); errors become PreflightError.
-    Returns the LightningModule (on meta), or None for a config without data or module."""
+    Returns the LightningModule (on meta; None for a config without data or module) and the data module."""
     from accelerate import init_empty_weights
     from hydra_zen import instantiate
 
@@ -45,7 +45,7 @@ def build_parts(job: DictConfig, choices: dict[str, Any]) -> Any:
     data = parts.pop("data")
     trainer = parts.pop("trainer")
     if data is None or parts["module"] is None:
-        return None
+        return None, data
     with _refusal(None, choices), init_empty_weights():
         lm, callbacks = assembly.assemble(data=data, callbacks=callbacks, seed=job.seed, choices=choices, **parts)
         if hasattr(lm, "configure_optimizers"):
@@ -74,7 +74,34 @@ def build_parts(job: DictConfig, choices: dict[str, Any]) -> Any:
             getattr(callback, "check_run", lambda *_: None)(built, lm)
         except (ValueError, TypeError, NotImplementedError) as err:
             raise PreflightError(f"{name}: {err}") from None
-    return lm
+    return lm, data
+
+
+def check_data_source(data: Any) -> None:
+    """The user's data (a module with `document_batches`, e.g. data=text / chat) gives at least one document in each
+    split it reads: a source whose every row is empty, or skipped (a conversation with no assistant turn), is
+    refused here, not once the run dir is written. Read until the first document; looked at once per fingerprint."""
+    read = getattr(data, "document_batches", None)
+    if not callable(read) or not isinstance(getattr(data, "fingerprint", None), str):
+        return
+    from framework.data import sources
+    from framework.data.packing import fingerprint
+
+    key = fingerprint({"documents-in": data.fingerprint})
+    if sources.remembered(data.root, key) is not None:
+        return
+    for split in [data.split, *([data.val_split] if data.val_split else [])]:
+        try:
+            found = next((batch for batch in read(None, split) if len(batch)), None)
+        except InputError as err:
+            raise PreflightError(str(err)) from None
+        if found is None:
+            why = ("every row is skipped (a conversation with no assistant turn, or one cut by data.seq_len to no "
+                   "target)" if callable(getattr(data, "renderer", None)) else
+                   f"every value of data.column={data.column!r} is empty or null")
+            raise PreflightError(f"data.source={data.source.spec}: the {split} split has no document to train on: "
+                                 f"{why} (an empty source)")
+    sources.remember(data.root, key, {"documents": True})
 
 
 def check_user_tools(trainer: DictConfig) -> None:

@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
-from framework.build_check import build_parts
+from framework.build_check import build_parts, check_data_source
 from framework.errors import CheckpointError, InputError, PreflightError
 
 #: Hydra flags after which nothing runs (help, config printing, shell completion): no preflight for them
@@ -137,7 +137,9 @@ def _check_composed(cfg: DictConfig, choices: dict[str, Any], multirun: bool) ->
     check_read(job)
     check_job_values(job)
     check_trainer(job.trainer)
-    lm = build_parts(job, choices)
+    lm, data = build_parts(job, choices)
+    if lm is not None:  # the data took the model's tokenizer
+        check_data_source(data)
     if job.get("init_from"):
         check_init_from(str(job.init_from))
     repo_id = OmegaConf.select(job, "hub.repo_id")
@@ -149,18 +151,20 @@ def _check_composed(cfg: DictConfig, choices: dict[str, Any], multirun: bool) ->
         except ValueError as err:
             raise PreflightError(f"hub.repo_id={repo_id}: {err}") from None
     if job.get("ckpt_path"):
-        check_ckpt_path(str(job.ckpt_path), lm, Path(str(cfg.hydra.run.dir)))
+        check_ckpt_path(str(job.ckpt_path), lm, Path(str(cfg.hydra.run.dir)), data)
 
 
-def check_ckpt_path(ckpt_path: str, lm: Any, run_dir: Path) -> None:
+def check_ckpt_path(ckpt_path: str, lm: Any, run_dir: Path, data: Any = None) -> None:
     """`ckpt_path=` (or `auto`) names a finite checkpoint of this very model (`framework.resume.checked_resume`,
-    against the module built on the meta device), so a wrong one leaves no run dir behind."""
+    against the module built on the meta device) and of this data (`check_ckpt_data`), so a wrong one leaves no run
+    dir behind."""
     from framework.checkpointing import load_checkpoint_file
     from framework.resume import AUTO, checked_resume
 
+    path = None
     try:
         if lm is not None:
-            checked_resume(ckpt_path, lm, run_dir)
+            _, path = checked_resume(ckpt_path, lm, run_dir)
         elif ckpt_path != AUTO:
             load_checkpoint_file(ckpt_path)
     except (InputError, CheckpointError) as err:
@@ -168,6 +172,22 @@ def check_ckpt_path(ckpt_path: str, lm: Any, run_dir: Path) -> None:
         hint = "" if ckpt_path == AUTO else (" (give a .ckpt file, e.g. outputs/train/<date>_<time>/checkpoints/"
                                              "last.ckpt, or ckpt_path=auto to resume from the run dir's newest one)")
         raise PreflightError(message + hint) from None
+    if path is not None:
+        check_ckpt_data(path, data)
+
+
+def check_ckpt_data(path: str, data: Any) -> None:
+    """The data module takes the checkpoint's data state (`load_state_dict`, what Lightning hands it on resume): the
+    user's data refuses one written on other data, naming both fingerprints (PreflightError, the message as is)."""
+    from framework.checkpointing import read_checkpoint
+
+    state = read_checkpoint(path, mmap=True).get(type(data).__qualname__)
+    if state is None or not callable(getattr(data, "load_state_dict", None)):
+        return
+    try:
+        data.load_state_dict(state)
+    except InputError as err:
+        raise PreflightError(str(err)) from None
 
 
 def check_run_dir(run_dir: Path, key: str = "hydra.run.dir") -> None:
@@ -200,8 +220,15 @@ def check_read(job: DictConfig) -> None:
 
 
 def check_job_values(job: DictConfig) -> None:
-    """No NaN anywhere; the seed is an integer numpy and torch accept; threads is a positive integer or null."""
-    for key, value in _leaves(OmegaConf.to_container(job, resolve=False)):
+    """No required value left unset (`???`) and no NaN anywhere; the seed is an integer numpy and torch accept;
+    threads is a positive integer or null."""
+    leaves = list(_leaves(OmegaConf.to_container(job, resolve=False)))
+    unset = [key for key, value in leaves if value == MISSING]
+    if unset:
+        more = f" (also unset: {', '.join(unset[1:])})" if unset[1:] else ""
+        raise PreflightError(f"{unset[0]}=??? is a required value left unset: give it on the command line, "
+                             f"{unset[0]}=...{more}")
+    for key, value in leaves:
         if isinstance(value, float) and math.isnan(value):
             raise PreflightError(f"{key}=nan is not a number; give a finite value")
     seed = job.get("seed")

@@ -22,6 +22,16 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def data_cache(tmp_path_factory):
+    """The packed-data cache of `data=text` / `chat` in a folder of this session (and of every CLI the tests start:
+    they inherit os.environ), never the user's ~/.cache/framework/data. A test may still point it elsewhere."""
+    with pytest.MonkeyPatch.context() as mp:
+        folder = tmp_path_factory.mktemp("data-cache")
+        mp.setenv("FRAMEWORK_DATA_CACHE", str(folder))
+        yield folder
+
+
 @pytest.fixture
 def cli():
     return run_cli

@@ -25,8 +25,8 @@ log = logging.getLogger("framework.run")
 
 
 class RunRecord(L.Callback):
-    """Writes `results.json` (final and untrained metrics, steps, seconds, command) and `model_config.json`
-    (the model's registry name and constructor values: what the Hub's config.json holds)."""
+    """Writes `results.json` (final and untrained metrics, steps, seconds, command, the data's record) and
+    `model_config.json` (the model's registry name and constructor values: what the Hub's config.json holds)."""
 
     def __init__(self, run_dir: str | Path, command: str, resume_command: str, choices: dict[str, Any],
                  resumed_from: str | None = None):
@@ -55,6 +55,7 @@ class RunRecord(L.Callback):
             "resumed_from": self.resumed_from,
             "command": self.command,
             "framework_version": __version__,
+            **data_record(trainer),
         }
         if trainer.is_global_zero:
             spec = model_spec(lm.model, self.choices.get("model"), getattr(lm, "mask_id", None))
@@ -76,7 +77,7 @@ class RunRecord(L.Callback):
                 "status": "interrupted", "interrupted": True, "signal": signal.Signals(signum).name if signum else None,
                 "global_step": trainer.global_step, "metrics": numbers(trainer.callback_metrics),
                 "checkpoint": checkpoint, "resume": f"{self.resume_command} ckpt_path={checkpoint}",
-                "resumed_from": self.resumed_from,
+                "resumed_from": self.resumed_from, **data_record(trainer),
             })
 
     def _write(self, name: str, content: dict[str, Any]) -> None:
@@ -99,6 +100,10 @@ def summary(results: dict[str, Any]) -> str:
     for key, value in sorted(results["metrics"].items()):
         before = init.get(f"{key}_init")
         lines.append(f"  {key:24s} {value:10.4f}" + (f"   (untrained: {before:.4f})" if before is not None else ""))
+    data = results.get("data") or {}
+    if "tokens" in data:
+        lines.append(f"  data             {data.get('dataset')}: {data['tokens']:,} tokens, packing efficiency "
+                     f"{data.get('packing_efficiency', float('nan')):.4f}")
     lines += [
         f"  run dir          {results['run_dir']}",
         f"  results          {results['run_dir']}/results.json",
@@ -114,6 +119,13 @@ def model_spec(model: Any, name: str | None, mask_id: int | None = None) -> dict
     return spec if mask_id is None else {**spec, "mask_id": int(mask_id)}
 
 
+def data_record(trainer: L.Trainer) -> dict[str, Any]:
+    """`{"data": ...}`: what the data module says of itself (`record()`: the user's data names its source, revision
+    or files and fingerprint, format, tokens and packing efficiency); empty for data that says nothing."""
+    record = getattr(trainer.datamodule, "record", None)
+    return {"data": record()} if callable(record) else {}
+
+
 def last_checkpoint(trainer: L.Trainer) -> str | None:
     """The checkpoint callback's last (else best) saved path; None without one."""
     cb = trainer.checkpoint_callback
@@ -122,4 +134,4 @@ def last_checkpoint(trainer: L.Trainer) -> str | None:
     return getattr(cb, "last_model_path", None) or getattr(cb, "best_model_path", None) or None
 
 
-__all__ = ["RunRecord", "last_checkpoint", "model_spec", "numbers", "summary"]
+__all__ = ["RunRecord", "data_record", "last_checkpoint", "model_spec", "numbers", "summary"]

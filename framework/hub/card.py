@@ -1,5 +1,6 @@
 """The model card (`README.md`) of a push: metadata, how to load the model (framework, timm, or plain
-huggingface_hub + safetensors, by the config's format), the final metrics, the training curves, the command."""
+huggingface_hub + safetensors, by the config's format), the final metrics, the training data, the training curves,
+the command."""
 
 from __future__ import annotations
 
@@ -18,14 +19,16 @@ def model_card(bundle: Any, repo_id: str, revision: str | None, has_plot: bool) 
     cfg, fmt = bundle.config, bundle.format
     name = cfg.get("architecture") or cfg["name"]
     finite = {k: v for k, v in sorted(bundle.metrics.items()) if math.isfinite(v)}
-    dataset = bundle.datasets[0] if bundle.datasets else "unknown"
+    record = getattr(bundle, "data", None) or {}
+    hub_dataset = [record["dataset"]] if record.get("sha") else []  # a Hub dataset: the card links it by id
+    dataset = (hub_dataset or bundle.datasets or ["unknown"])[0]
     evals = [EvalResult(task_type=bundle.task or "other", dataset_type=dataset, dataset_name=dataset,
                         metric_type=k, metric_name=k, metric_value=v) for k, v in finite.items()]
     extra = ("timm", "image-classification") if fmt == TIMM else ()
     tags = [t for t in ("framework", "pytorch-lightning", "safetensors", *extra, name, cfg.get("recipe")) if t]
     data = ModelCardData(library_name="timm" if fmt == TIMM else "framework", tags=tags,
-                         datasets=bundle.datasets or None, metrics=list(finite) or None, model_name=repo_id,
-                         eval_results=evals or None)
+                         datasets=hub_dataset or bundle.datasets or None, metrics=list(finite) or None,
+                         model_name=repo_id, eval_results=evals or None)
     params = sum(p.numel() for p in bundle.model.parameters())
     rows = "\n".join(f"| {k} | {v:.6g} |" for k, v in sorted(bundle.metrics.items())) or "| (none logged) | |"
     step = f" after step {bundle.global_step}" if bundle.global_step is not None else ""
@@ -35,6 +38,8 @@ def model_card(bundle: Any, repo_id: str, revision: str | None, has_plot: bool) 
         f" {cfg['framework_version']}{recipe}.\n\n## Usage\n\n{usage(fmt, name, repo_id, revision)}\n"
         f"## Metrics\n\nFinal values{step}.\n\n| metric | value |\n|---|---|\n{rows}\n",
     ]
+    if record:
+        card.append(data_section(record))
     if has_plot:
         card.append(f"\n## Training curves\n\n![training curves]({PLOT_NAME})\n")
     if cfg.get("command"):
@@ -42,6 +47,37 @@ def model_card(bundle: Any, repo_id: str, revision: str | None, has_plot: bool) 
     shown = cfg.get("model_args", {}) if fmt == TIMM else cfg["config"]
     card.append(f"\n## Model config\n\n```json\n{json.dumps(shown, indent=2)}\n```\n")
     return "".join(card)
+
+
+#: the record's keys the card's data table shows first, with their row names (the rest follow as they are)
+DATA_ROWS = {"format": "format", "column": "column", "tokenizer": "tokenizer", "seq_len": "sequence length",
+             "packing": "packing", "documents": "documents", "tokens": "tokens", "rows": "rows",
+             "packing_efficiency": "packing efficiency", "validation": "validation"}
+
+
+def data_section(record: dict[str, Any]) -> str:
+    """The card's "Training data" section: the dataset (Hub id, revision and commit, or file names and the
+    fingerprint), then its format, token count, packing efficiency and the rest of the data's record."""
+    if record.get("sha"):
+        where = f"`{record['dataset']}` at revision `{record.get('revision') or 'main'}` (commit `{record['sha']}`)"
+    else:
+        files = ", ".join(f"`{f}`" for f in record.get("files") or [])
+        where = f"`{record.get('dataset')}`" + (f": {files}" if files else "")
+        where += f" ({record['bytes']:,} bytes)" if isinstance(record.get("bytes"), int) else ""
+    rows = [f"| dataset | {where} |"]
+    if record.get("fingerprint"):
+        rows.append(f"| fingerprint | `{record['fingerprint']}` |")
+    shown = {"dataset", "revision", "sha", "files", "bytes", "fingerprint"}
+    for key in [*DATA_ROWS, *sorted(k for k in record if k not in DATA_ROWS)]:
+        value = record.get(key)
+        if key in shown or value is None:
+            continue
+        if isinstance(value, (dict, list)):
+            value = f"`{json.dumps(value)}`"
+        elif isinstance(value, int) and not isinstance(value, bool):
+            value = f"{value:,}"
+        rows.append(f"| {DATA_ROWS.get(key, key)} | {value} |")
+    return "\n## Training data\n\n| | |\n|---|---|\n" + "\n".join(rows) + "\n"
 
 
 def usage(fmt: str, name: str, repo_id: str, revision: str | None) -> str:
@@ -65,4 +101,4 @@ def usage(fmt: str, name: str, repo_id: str, revision: str | None) -> str:
             f"or `python -m framework.hub pull {repo_id}`.\n")
 
 
-__all__ = ["model_card", "usage"]
+__all__ = ["data_section", "model_card", "usage"]

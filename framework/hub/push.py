@@ -50,6 +50,7 @@ class _Bundle:
     train_config: Path | None = None
     format: str = FRAMEWORK  # config.json's format: framework, timm or plain (`framework.hub.formats`)
     extras: list[tuple[str, Path]] = field(default_factory=list)  # method artefacts: (path in the repo, file)
+    data: dict[str, Any] | None = None  # the data's record (`record()` of the user's data: source, tokens, ...)
 
     @property
     def name(self) -> str:
@@ -135,7 +136,7 @@ def _bundle_from_run_dir(run: RunDir, build: Build | None) -> _Bundle:
         model, config, {k: float(v) for k, v in (results.get("metrics") or {}).items()},
         [choices["data"]] if choices.get("data") else [], choices.get("module"), results.get("global_step"),
         _file_or_none(run.root / "csv" / "metrics.csv"), _file_or_none(run.root / ".hydra" / "config.yaml"),
-        extras=method_artefacts(run.root),
+        extras=method_artefacts(run.root), data=results.get("data"),
     )
 
 
@@ -165,6 +166,8 @@ def _bundle_from_module(module: nn.Module, info: dict[str, Any]) -> _Bundle:
                 logger.save()
                 bundle.metrics_csv = _file_or_none(Path(logger.experiment.metrics_file_path))
         bundle.train_config = _file_or_none(Path(trainer.default_root_dir) / ".hydra" / "config.yaml")
+        record = getattr(trainer.datamodule, "record", None)
+        bundle.data = record() if callable(record) else None
     return bundle
 
 
