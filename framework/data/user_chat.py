@@ -192,7 +192,66 @@ class ChatData(TextData):
                                  f"{stats.line()}")
             writers[name].close(fingerprint=self.fingerprint, chat=dataclasses.asdict(stats))
 
+    # ---- prompt batches, for a module that generates from the prompts and checks the completions ---------------
+    #: serve prompt batches (framework.probes.prompts) instead of packed rows: set by `use_prompts()`, or asked by
+    #: the run's module (a head probe's `reads_prompts`); `max_new_tokens` is then the longest completion
+    prompt_mode = False
+    max_new_tokens: int | None = None
+    prompt_counts: dict[str, Any] | None = None
+
+    def use_prompts(self) -> None:
+        """Serve each prompt/completion row as a prompt batch row (left-padded prompt, its mask, the completion as
+        the answer), read into memory; a probe's run asks for it itself."""
+        self.prompt_mode = True
+
+    def serves_prompts(self) -> bool:
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        return self.prompt_mode or bool(getattr(module, "reads_prompts", False))
+
+    def _setup_prompts(self) -> None:
+        from framework.probes.prompts import prompt_line, prompt_sets
+
+        renderer = self.renderer()
+        parts = [("train", self.split), ("val", self.val_split)] if self.val_split else [(None, self.split)]
+        rows = ((part, i, row) for part, split in parts for i, row in enumerate(self.rows(split)))
+        pairs = ((part or ("val" if held_out(i, self.val_fraction) else "train"), i, *renderer.prompt_completion(r, i))
+                 for part, i, r in rows)
+        sets, self.prompt_counts = prompt_sets(pairs, self.seq_len, self.truncate, self.pad_id, self.source.spec)
+        self.train_set, self.val_set = sets["train"], sets["val"]
+        self.max_new_tokens = self.prompt_counts["completion_tokens_max"]
+        world = self.trainer.world_size if self.trainer is not None else 1
+        if len(self.train_set) < self.batch_size * world:
+            raise InputError(f"data.source={self.source.spec} gives {len(self.train_set)} training prompts, fewer "
+                             f"than one batch of data.batch_size={self.batch_size} on each of {world} rank(s)")
+        if self.trainer is None or self.trainer.is_global_zero:
+            line = prompt_line(self.prompt_counts, self.seq_len)
+            print(line)
+            log.info(line)
+
+    def prepare_data(self) -> None:
+        if not self.serves_prompts():  # prompt batches are read into memory: nothing to pack ahead
+            super().prepare_data()
+
+    def train_dataloader(self) -> Any:
+        if not self.serves_prompts():
+            return super().train_dataloader()
+        from framework.data.resumable import train_loader
+
+        return train_loader(self.train_set, self.batch_size, self.seed, self.trainer, collate_fn=self.train_set.collate)
+
+    def val_dataloader(self) -> Any:
+        if not self.serves_prompts():
+            return super().val_dataloader()
+        from torch.utils.data import DataLoader
+
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, collate_fn=self.val_set.collate)
+
+    # ---- the run ------------------------------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
+        if self.serves_prompts():
+            if self.prompt_counts is None:
+                self._setup_prompts()
+            return
         new = self.train_set is None
         super().setup(stage)
         if new and (self.trainer is None or self.trainer.is_global_zero):
@@ -203,6 +262,12 @@ class ChatData(TextData):
 
     def record(self) -> dict[str, Any]:
         """The text record, with the shape, the mask and the chat counts (rows kept, skipped, truncated)."""
+        if self.serves_prompts():
+            self.setup()
+            return {**self.source.describe(), "fingerprint": self.fingerprint,
+                    "format": f"chat (prompt/completion; {self.source.format}) as prompts", "columns": self.columns,
+                    "tokenizer": self._tokenizer_identity["name_or_path"], "seq_len": self.seq_len,
+                    "prompts": self.prompt_counts}
         record = super().record()
         return {**record, "format": f"chat ({self.shape}; {record['format']})", "columns": self.columns,
                 "train_on": self.train_on, "chat": self.meta["train"]["chat"] if self.meta else None}

@@ -20,9 +20,11 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
+from framework.errors import InputError
 from framework.modules.base import TrainModule
 from framework.modules.data_spec import DataSpec
 from framework.probes.allocation import HeadAllocation, gate_shape, select_full_heads
+from framework.probes.prompts import split_prompts
 from framework.probes.rewards import exact_match
 from framework.serving.attention import check_window
 from framework.serving.decoding import decode, decode_uncached
@@ -39,9 +41,12 @@ def _fingerprint(model: nn.Module) -> Tensor:
 
 @torch.no_grad()
 def accuracy_at(model: nn.Module, prompt: Tensor, answer: Tensor, full_heads: Tensor | None, window: tuple[int, int],
-                eos_id: int, pad_id: int, reward: Callable[[Tensor, Tensor], Tensor] = exact_match) -> Tensor:
-    """Per-row reward of greedy decoding with the mixed KV cache (`full_heads` None: the standard cache)."""
-    out = decode(model, prompt, answer.shape[1], full_heads, window, eos_id=eos_id, pad_id=pad_id)
+                eos_id: int, pad_id: int, reward: Callable[[Tensor, Tensor], Tensor] = exact_match,
+                prompt_mask: Tensor | None = None) -> Tensor:
+    """Per-row reward of greedy decoding with the mixed KV cache (`full_heads` None: the standard cache);
+    `prompt_mask`: left-padded prompts (`framework.probes.prompts`)."""
+    out = decode(model, prompt, answer.shape[1], full_heads, window, eos_id=eos_id, pad_id=pad_id,
+                 prompt_mask=prompt_mask)
     return reward(out, answer)
 
 
@@ -78,6 +83,8 @@ class HeadProbe(TrainModule):
     """
 
     method = "gates"
+    #: the user's prompt/completion rows (`data=chat`) come as prompt batches (`framework.probes.prompts`)
+    reads_prompts = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -117,14 +124,23 @@ class HeadProbe(TrainModule):
     # -- wiring ---------------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         """Take what the data knows (its `DataSpec`: prompt length, answer length, EOS/PAD ids) unless passed in."""
-        spec = DataSpec.of(getattr(self.trainer, "datamodule", None) if self._trainer is not None else None)
+        data = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        spec = DataSpec.of(data)
         for name in DATA_FACTS:
             if getattr(self, name) is None:
                 setattr(self, name, getattr(spec, name))
-        missing = [n for n in DATA_FACTS if getattr(self, n) is None]
+        prompts = bool(getattr(data, "serves_prompts", lambda: False)())  # prompt batches: no fixed prompt length
+        missing = [n for n in DATA_FACTS[1 if prompts else 0:] if getattr(self, n) is None]
         if missing:
             raise ValueError(f"{type(self).__name__} needs {', '.join(missing)}: pass them, or use a datamodule that"
                              " has them (e.g. pointer_chase)")
+        ends = (getattr(data, "prompt_counts", None) or {}).get("end_ids", []) if prompts else []
+        if ends and ends != [self.eos_id]:
+            hint = f"set module.eos_id={ends[0]}" if len(ends) == 1 else \
+                "give every completion the same end token (a tokenizer with an EOS, or a chat template's end of turn)"
+            raise InputError(f"{type(self).__name__} stops decoding at eos_id={self.eos_id} and matches the completion "
+                             f"through its end token, but the completions end with id(s) "
+                             f"{', '.join(map(str, ends[:5]))}; {hint}")
 
     def optimized_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """Only the gates train; the base model stays frozen."""
@@ -143,8 +159,9 @@ class HeadProbe(TrainModule):
         with torch.no_grad():
             self.gates.clamp_(0.0, 1.0)
 
-    def split(self, batch: Tensor) -> tuple[Tensor, Tensor]:
-        return batch[:, : self.prompt_length], batch[:, self.prompt_length :]
+    def split(self, batch: Tensor | dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(prompt, answer, prompt mask or None: prompts of one length) of a batch (`split_prompts`)."""
+        return split_prompts(batch, self.prompt_length)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self.model.eval()  # the base is frozen: no dropout while probing
@@ -199,13 +216,13 @@ class HeadProbe(TrainModule):
     # -- evaluation -------------------------------------------------------------------------------------------
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
         self.model.eval()
-        prompt, answer = self.split(batch)
-        args = (self.window, self.eos_id, self.pad_id, self.reward)
+        prompt, answer, mask = self.split(batch)
+        args = (self.window, self.eos_id, self.pad_id, self.reward, mask)
         self.val_full.update(accuracy_at(self.model, prompt, answer, None, *args))
         for s, metric in zip(self.eval_sparsities, self.val_acc, strict=True):
             metric.update(accuracy_at(self.model, prompt, answer, select_full_heads(self.gates, s), *args))
         soft = decode_uncached(self.model, prompt, answer.shape[1], gates=self.gates.detach(), window=self.window,
-                               eos_id=self.eos_id, pad_id=self.pad_id)
+                               eos_id=self.eos_id, pad_id=self.pad_id, prompt_mask=mask)
         self.val_soft.update(self.reward(soft, answer))
         self.log("val/acc_full", self.val_full)
         self.log("val/acc_soft", self.val_soft)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from framework.probes.base import HeadProbe
+from framework.probes.rlkv import answer_token_mask
 
 
 class DuoAttentionProbe(HeadProbe):
@@ -34,12 +35,24 @@ class DuoAttentionProbe(HeadProbe):
         after_prompt = torch.arange(targets.shape[1], device=batch.device)[None] >= self.prompt_length - 1
         return after_prompt & (targets != self.pad_id)
 
-    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
-        inputs = batch[:, :-1]
-        where = self.answer_positions(batch)
+    def teacher_forced(self, batch: Tensor | dict[str, Tensor]) -> tuple[Tensor, Tensor | None, Tensor]:
+        """(inputs, their key padding mask or None, where the next token is an answer token) of a batch: a task's
+        rows, or prompt batches (left-padded prompts; answer tokens through each completion's end token)."""
+        if not isinstance(batch, dict):
+            return batch[:, :-1], None, self.answer_positions(batch)
+        prompt, answer, mask = self.split(batch)
+        inputs = torch.cat([prompt, answer], 1)[:, :-1]
+        padding = torch.cat([mask, torch.ones_like(answer, dtype=torch.bool)], 1)[:, :-1]
+        where = torch.zeros_like(padding)
+        where[:, prompt.shape[1] - 1 :] = answer_token_mask(answer, self.eos_id)
+        return inputs, padding, where
+
+    def training_step(self, batch: Tensor | dict[str, Tensor], batch_idx: int) -> Tensor:
+        inputs, padding, where = self.teacher_forced(batch)
+        padded = {} if padding is None else {"key_padding_mask": padding}
         with torch.no_grad():
-            teacher = self.model.features(inputs)[where]
-        student = self.model.features(inputs, gates=self.gates, window=self.window)[where]
+            teacher = self.model.features(inputs, **padded)[where]
+        student = self.model.features(inputs, gates=self.gates, window=self.window, **padded)[where]
         distill = F.mse_loss(student.float(), teacher.float())
         loss = distill + self.reg_weight * self.gates.abs().mean()
         self.log("train/distill", distill.detach(), prog_bar=True)

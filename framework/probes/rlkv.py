@@ -93,19 +93,24 @@ class RLKVProbe(HeadProbe):
         self.group_size, self.penalty, self.tau = int(group_size), float(penalty), float(tau)
         self.temperature, self.seed = float(temperature), int(seed)
 
-    def rollouts(self, prompt: Tensor) -> Tensor:
-        """`group_size` samples per prompt from the current gated policy (no gradient); deterministic per step."""
+    def rollouts(self, prompt: Tensor, prompt_mask: Tensor | None = None) -> Tensor:
+        """`group_size` samples per prompt from the current gated policy (no gradient); deterministic per step.
+        `prompt_mask`: left-padded prompts, already repeated per sample."""
         g = torch.Generator(device=prompt.device).manual_seed(self.seed * 1_000_003 + self.global_step)
         return decode_uncached(self.model, prompt.repeat_interleave(self.group_size, 0), self.max_new_tokens,
                                gates=self.gates.detach(), window=self.window, eos_id=self.eos_id, pad_id=self.pad_id,
-                               temperature=self.temperature, generator=g)
+                               temperature=self.temperature, generator=g, prompt_mask=prompt_mask)
 
-    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
-        prompt, answer = self.split(batch)
-        generated = self.rollouts(prompt)
+    def training_step(self, batch: Tensor | dict[str, Tensor], batch_idx: int) -> Tensor:
+        prompt, answer, mask = self.split(batch)
+        masks = None if mask is None else mask.repeat_interleave(self.group_size, 0)
+        generated = self.rollouts(prompt, masks)
         rewards = self.reward(generated, answer.repeat_interleave(self.group_size, 0)).detach()
         adv = group_advantages(rewards, self.group_size)
-        logp = rollout_log_probs(lambda seq: self.model(seq, gates=self.gates, window=self.window),
+        padded = {}
+        if masks is not None:  # left-padded prompts: the scored sequence's mask (its last token is never an input)
+            padded["key_padding_mask"] = torch.cat([masks, torch.ones_like(generated, dtype=torch.bool)], 1)[:, :-1]
+        logp = rollout_log_probs(lambda seq: self.model(seq, gates=self.gates, window=self.window, **padded),
                                  prompt.repeat_interleave(self.group_size, 0), generated, self.temperature)
         policy = grpo_policy_loss(logp, adv, answer_token_mask(generated, self.eos_id))
         mean_reward = float(rewards.mean())

@@ -32,16 +32,21 @@ def _finish(tokens: Tensor, eos_id: int | None, pad_id: int | None) -> Tensor:
 def decode(model: nn.Module, prompt: Tensor, max_new_tokens: int, full_heads: Tensor | None = None,
            window: tuple[int, int] = (1, 4), eos_id: int | None = None, pad_id: int | None = None,
            temperature: float = 0.0, generator: torch.Generator | None = None, prefill: str = "streaming",
-           cache: MixedKVCache | None = None) -> Tensor:
-    """Generate (batch, max_new_tokens) tokens after equal-length `prompt`s with a mixed KV cache.
+           cache: MixedKVCache | None = None, prompt_mask: Tensor | None = None) -> Tensor:
+    """Generate (batch, max_new_tokens) tokens after `prompt`s with a mixed KV cache: of equal length, or
+    left-padded with `prompt_mask` (batch, prompt) True at real tokens (a transformers model's cache takes them).
 
     Greedy when `temperature <= 0`. Stops early once every row has emitted `eos_id`; later tokens are `pad_id`.
     Pass your own `cache` to inspect it afterwards (its `full_heads`/window then apply).
     """
+    make = getattr(model, "mixed_cache", None)
+    if prompt_mask is not None and make is None and not bool(prompt_mask.all()):
+        raise ValueError(f"{type(model).__name__}'s KV cache takes prompts of equal length; left-padded prompts "
+                         "need a transformers model (hf_causal_lm), whose cache keeps each row's own window")
     if cache is None:  # a transformers model brings its own kind (`HFCausalLM.mixed_cache`: a transformers Cache)
-        make = getattr(model, "mixed_cache", None) or (lambda *a, **k: MixedKVCache(model, *a, **k))
+        make = make or (lambda *a, **k: MixedKVCache(model, *a, **k))
         cache = make(full_heads, window, capacity=prompt.shape[1] + max_new_tokens, prefill=prefill)
-    logits = model(prompt, cache=cache)[:, -1]
+    logits = model(prompt, cache=cache, **({} if prompt_mask is None else {"key_padding_mask": prompt_mask}))[:, -1]
     out, done = [], torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
     for step in range(max_new_tokens):
         token = _pick(logits, temperature, generator)
@@ -62,17 +67,22 @@ def decode(model: nn.Module, prompt: Tensor, max_new_tokens: int, full_heads: Te
 @torch.no_grad()
 def decode_uncached(model: nn.Module, prompt: Tensor, max_new_tokens: int, gates: Tensor | None = None,
                     window: tuple[int, int] | None = None, eos_id: int | None = None, pad_id: int | None = None,
-                    temperature: float = 0.0, generator: torch.Generator | None = None) -> Tensor:
+                    temperature: float = 0.0, generator: torch.Generator | None = None,
+                    prompt_mask: Tensor | None = None) -> Tensor:
     """The reference decoder: re-run the (gated, masked) forward over the whole sequence for every new token.
 
     With soft gates this is how a gated policy samples (no cache can hold a mix of full and streaming attention).
+    `prompt_mask` (batch, prompt), True at real tokens: left-padded prompts.
     """
-    seq = prompt
+    seq, mask = prompt, prompt_mask
     done = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
     for _ in range(max_new_tokens):
-        logits = model(seq, gates=gates, window=window)[:, -1] if gates is not None else model(seq)[:, -1]
-        token = _pick(logits, temperature, generator)
+        masked = {} if mask is None else {"key_padding_mask": mask}
+        logits = (model(seq, gates=gates, window=window, **masked) if gates is not None else model(seq, **masked))
+        token = _pick(logits[:, -1], temperature, generator)
         seq = torch.cat([seq, token[:, None]], dim=1)
+        if mask is not None:
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         if eos_id is not None:
             done |= token == eos_id
             if bool(done.all()):

@@ -79,11 +79,21 @@ def rlkv_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
         return full, None
     sink, recent = check_window(window)
     mask = stream_mask(t, s, sink, recent, offset=s - t, device=query.device) & allowed
+    if t == s and allowed.dim() == 4 and sink:  # left-padded rows: each row's sink is its own first tokens
+        mask = mask | (allowed & _row_sinks(allowed, sink))
     streamed = attention(query, key, value, mask.expand(query.shape[0], 1, t, s), scale=scaling, dropout=dropout,
                          **features).transpose(1, 2)
     heads, kv_heads = query.shape[1], key.shape[1]
     alpha = gates[module.layer_idx].to(full.dtype).repeat_interleave(heads // kv_heads)[None, None, :, None]
     return alpha * full + (1 - alpha) * streamed, None
+
+
+def _row_sinks(allowed: Tensor, sink: int) -> Tensor:
+    """(batch, 1, 1, keys) bool: the first `sink` positions of each row from its first real token (the first that
+    attends to itself), as the mixed cache counts them for a left-padded row (`kv_padding`)."""
+    first = allowed[:, 0].diagonal(dim1=-2, dim2=-1).int().argmax(-1)  # (batch,): the row's left padding
+    position = torch.arange(allowed.shape[-1], device=allowed.device)[None] - first[:, None]
+    return ((position >= 0) & (position < sink))[:, None, None, :]
 
 
 def left_padding(mask: Tensor | None) -> Tensor | None:
