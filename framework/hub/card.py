@@ -52,7 +52,8 @@ def model_card(bundle: Any, repo_id: str, revision: str | None, has_plot: bool) 
 #: the record's keys the card's data table shows first, with their row names (the rest follow as they are)
 DATA_ROWS = {"format": "format", "column": "column", "tokenizer": "tokenizer", "seq_len": "sequence length",
              "packing": "packing", "documents": "documents", "tokens": "tokens", "rows": "rows",
-             "packing_efficiency": "packing efficiency", "validation": "validation"}
+             "packing_efficiency": "packing efficiency", "validation": "validation",
+             "val_documents": "validation documents", "val_tokens": "validation tokens"}
 
 
 def data_section(record: dict[str, Any]) -> str:

@@ -29,8 +29,8 @@ from pathlib import Path
 # read by the command at run time, not at import: a run may set them and still be served warm; a run whose
 # environment differs in anything else is started fresh. PYTEST_CURRENT_TEST is read by no one; the KMP_ pair is what
 # importing scikit-learn in a test sets, read only by Intel's OpenMP runtime (torch and scikit-learn load GNU's here)
-RUNTIME_ENV = ("FRAMEWORK_SMOKE", "FRAMEWORK_NS_DTYPE", "PYTHONPATH", "HYDRA_FULL_ERROR", "FAULT_SEED",
-               "PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK")
+RUNTIME_ENV = ("FRAMEWORK_SMOKE", "FRAMEWORK_NS_DTYPE", "FRAMEWORK_DATA_CACHE", "PYTHONPATH", "HYDRA_FULL_ERROR",
+               "FAULT_SEED", "PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK")
 # the variables a package reads when it is imported: a run may set them differently where the server has not
 # imported that package (the train CLI imports huggingface_hub only when a run talks to the Hub)
 READ_AT_IMPORT_BY = {"HF_": "huggingface_hub", "MLFLOW_": "mlflow", "WANDB_": "wandb"}
