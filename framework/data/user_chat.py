@@ -264,10 +264,11 @@ class ChatData(TextData):
         """The text record, with the shape, the mask and the chat counts (rows kept, skipped, truncated)."""
         if self.serves_prompts():
             self.setup()
+            counts = self.prompt_counts
             return {**self.source.describe(), "fingerprint": self.fingerprint,
                     "format": f"chat (prompt/completion; {self.source.format}) as prompts", "columns": self.columns,
                     "tokenizer": self._tokenizer_identity["name_or_path"], "seq_len": self.seq_len,
-                    "prompts": self.prompt_counts}
+                    "documents": counts["train"]["rows"], "val_documents": counts["val"]["rows"], "prompts": counts}
         record = super().record()
         return {**record, "format": f"chat ({self.shape}; {record['format']})", "columns": self.columns,
                 "train_on": self.train_on, "chat": self.meta["train"]["chat"] if self.meta else None}

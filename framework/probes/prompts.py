@@ -72,7 +72,8 @@ def prompt_sets(pairs: Iterable[tuple[str, int, np.ndarray, np.ndarray]], seq_le
             raise InputError(f"data.source={source}: the {part} part has no prompt/completion row of at most "
                              f"data.seq_len={seq_len} tokens ({long[part]} longer)")
     every = kept["train"] + kept["val"]
-    counts = {part: {"rows": len(rows), "skipped_longer_than_seq_len": long[part]} for part, rows in kept.items()}
+    counts = {part: {"rows": len(rows), "tokens": sum(len(p) + len(c) for p, c in rows),
+                     "skipped_longer_than_seq_len": long[part]} for part, rows in kept.items()}
     counts.update(prompt_tokens_max=max(len(p) for p, _ in every), completion_tokens_max=max(len(c) for _, c in every),
                   end_ids=sorted({int(c[-1]) for _, c in every if len(c)}))
     return {part: PromptRows(rows, pad_id) for part, rows in kept.items()}, counts
