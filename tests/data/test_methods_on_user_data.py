@@ -63,7 +63,7 @@ def test_olion_fine_tunes_an_hf_causal_lm_on_a_chat_file_through_the_cli(cli, tm
     results = json.loads((run / "results.json").read_text())
     assert results["choices"]["optimizer"] == "olion" and results["global_step"] == 40
     before, after = results["initial_metrics"]["val/loss_init"], results["metrics"]["val/loss"]
-    assert np.isfinite(after) and after < 0.8 * before, (before, after)
+    assert np.isfinite(after) and after < 0.9 * before, (before, after)  # 2.54 -> 1.93 when measured
     assert results["data"]["chat"]["documents"] == 190  # 10 of 200 held out
     trained = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     saved = load_file(str(model / "model.safetensors"))
