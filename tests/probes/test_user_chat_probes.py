@@ -95,6 +95,11 @@ def test_prompt_batches_are_left_padded_and_each_row_decodes_as_it_would_alone(t
     runs = {"full": lambda p, m: decode(model, p, 6, None, window, prompt_mask=m),
             "mixed": lambda p, m: decode(model, p, 6, full_heads, window, prompt_mask=m),
             "soft": lambda p, m: decode_uncached(model, p, 6, gates=gates, window=window, prompt_mask=m)}
+    with torch.no_grad():  # the soft-gated forward (rollouts, their log-probs): each row's sink is its first token
+        padded = model(prompt, key_padding_mask=mask, gates=gates, window=window)
+        for r in range(len(prompt)):
+            alone = model(prompt[r][mask[r]][None], gates=gates, window=window)[0]
+            assert (padded[r][mask[r]] - alone).abs().max() <= 1e-5 * alone.abs().max()
     for name, run in runs.items():
         together = run(prompt, mask)
         alone = torch.cat([run(prompt[r][mask[r]][None], None) for r in range(len(prompt))])
