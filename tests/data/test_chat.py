@@ -9,66 +9,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from support.tiny_chat import (
+    CHATML,
+    CONVERSATION,
+    FAMILIES,
+    GPT2_SPLIT,
+    LLAMA3,
+    MISTRAL,
+    tiny_tokenizer,
+)
 
 from framework.data.chat import IGNORE, ChatRenderer, detect_shape, documents
 from framework.errors import InputError
-
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-                r"\s*[\r\n]+|\s+(?!\S)|\s+")
-GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-SPECIALS = ["<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-            "<|eot_id|>", "<|user|>", "<|assistant|>", "<|system|>", "</s>", "<s>"]
-# stock templates, as the models ship them (Qwen2-Instruct, Meta-Llama-3-Instruct, zephyr-7b-beta)
-CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>"
-          "system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' "
-          "+ message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>"
-          "assistant\n' }}{% endif %}")
-LLAMA3 = ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>"
-          "' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if "
-          "loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if "
-          "add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
-ZEPHYR = ("{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] "
-          "+ eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + "
-          "eos_token }}\n{% elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + "
-          "eos_token }}\n{% endif %}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif "
-          "%}\n{% endfor %}")
-# Mistral-Instruct-v0.3's way with a system prompt: it goes into the LAST user turn, so earlier renders change
-MISTRAL = ("{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}{%- set "
-           "loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}{{- bos_token }}"
-           "{%- for message in loop_messages %}{%- if message['role'] == 'user' %}{%- if loop.last and "
-           "system_message is defined %}{{- '[INST] ' + system_message + '\n\n' + message['content'] + '[/INST]' }}"
-           "{%- else %}{{- '[INST] ' + message['content'] + '[/INST]' }}{%- endif %}{%- elif message['role'] == "
-           "'assistant' %}{{- ' ' + message['content'] + eos_token}}{%- endif %}{%- endfor %}")
-FAMILIES = {  # template, bos, eos, the end token each assistant turn's targets close with
-    "chatml": (CHATML, None, "<|im_end|>"),
-    "llama3": (LLAMA3, "<|begin_of_text|>", "<|eot_id|>"),
-    "zephyr": (ZEPHYR, None, "</s>"),
-}
-CONVERSATION = [
-    {"role": "system", "content": "Answer in one word."},
-    {"role": "user", "content": "What colour is the sky?"},
-    {"role": "assistant", "content": "Blue."},
-    {"role": "user", "content": "And grass, at noon?"},
-    {"role": "assistant", "content": "Green, mostly."},
-]
-
-
-def tiny_tokenizer(template: str | None, bos: str | None = None, eos: str = "</s>", split: str = LLAMA3_SPLIT):
-    """A byte-level BPE tokenizer with a few merges ("\\n\\n" among them) and the families' special tokens."""
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    merges = [("Ċ", "Ċ"), ("h", "e"), ("Ġ", "t"), ("r", "e"), ("o", "r"), ("e", "n"), ("Ġt", "he")]
-    vocab = {c: i for i, c in enumerate(alphabet + ["".join(m) for m in merges])}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos,
-                                   additional_special_tokens=[s for s in SPECIALS if s not in (bos, eos)])
-    fast.chat_template = template
-    return fast
 
 
 @pytest.fixture(scope="module")
