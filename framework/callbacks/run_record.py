@@ -122,7 +122,7 @@ def model_spec(model: Any, name: str | None, mask_id: int | None = None) -> dict
 def data_record(trainer: L.Trainer) -> dict[str, Any]:
     """`{"data": ...}`: what the data module says of itself (`record()`: the user's data names its source, revision
     or files and fingerprint, format, tokens and packing efficiency); empty for data that says nothing."""
-    record = getattr(trainer.datamodule, "record", None)
+    record = getattr(getattr(trainer, "datamodule", None), "record", None)
     return {"data": record()} if callable(record) else {}
 
 
