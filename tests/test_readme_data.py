@@ -1,0 +1,106 @@
+"""README's "Your own data" section, run as printed against the local Hub: every command line verbatim, in one folder,
+in a fresh `python` process each, with the shell's environment (no smoke size). The folder holds what the section
+says a reader has: `my_corpus/` (.txt files, one document each), `chats.jsonl` (conversations), and on the Hub a
+text dataset `local-user/my-corpus` and a chat model `local-user/tiny-chat` (a tiny Llama with a stock chat
+template). Each line must exit 0 and its record must name the data the line gave it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO
+from support.tiny_chat import CHATML, tiny_tokenizer
+
+pytest.importorskip("transformers")
+pytest.importorskip("datasets")
+
+SECTION = "## Your own data"
+
+
+def _lines() -> list[list[str]]:
+    body = (REPO / "README.md").read_text().split(SECTION, 1)[1]
+    body = re.split(r"^## ", body, maxsplit=1, flags=re.M)[0]
+    blocks = re.findall(r"^```bash\n(.*?)^```", body, flags=re.M | re.S)
+    return [shlex.split(line) for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def _documents() -> list[str]:
+    from pydoc_data.topics import topics
+
+    return [topics[k] for k in sorted(topics)][:60]
+
+
+def _conversation(i: int) -> list[dict[str, str]]:
+    a, b = i % 17, (i * 7) % 23
+    return [{"role": "user", "content": f"What is {a} plus {b}?"},
+            {"role": "assistant", "content": f"{a} plus {b} is {a + b}."}]
+
+
+def _reader_files(cwd, hub) -> None:
+    """What the reader holds: the files in `cwd` and, on the Hub, the dataset and the chat model the lines name."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    corpus = cwd / "my_corpus"
+    corpus.mkdir()
+    docs = _documents()
+    for i, text in enumerate(docs):
+        (corpus / f"doc{i:03d}.txt").write_text(text, encoding="utf-8")
+    with open(cwd / "chats.jsonl", "w", encoding="utf-8") as f:
+        for i in range(200):
+            f.write(json.dumps({"messages": _conversation(i)}) + "\n")
+    data = cwd / "hub_dataset"
+    data.mkdir()
+    with open(data / "train.jsonl", "w", encoding="utf-8") as f:
+        for text in docs:
+            f.write(json.dumps({"text": text}) + "\n")
+    hub.api.create_repo("local-user/my-corpus", repo_type="dataset", exist_ok=True)
+    hub.api.upload_folder(repo_id="local-user/my-corpus", repo_type="dataset", folder_path=str(data))
+    tok = tiny_tokenizer(CHATML, eos="<|im_end|>")
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, bos_token_id=None)
+    model = cwd / "hub_model"
+    LlamaForCausalLM(config).save_pretrained(model)
+    tok.save_pretrained(model)
+    hub.api.create_repo("local-user/tiny-chat", exist_ok=True)
+    hub.api.upload_folder(repo_id="local-user/tiny-chat", folder_path=str(model))
+
+
+def _results(cwd, before: set) -> dict:
+    """The results.json of the run the last line made (its run dir is the one new under outputs/)."""
+    new = sorted(set((cwd / "outputs").rglob("results.json")) - before)
+    assert len(new) == 1, new
+    return json.loads(new[0].read_text())
+
+
+@pytest.mark.slow
+def test_the_your_own_data_section_runs_as_printed(tmp_path, hub):
+    lines = _lines()
+    assert len(lines) == 4 and all(argv[0] == "python" for argv in lines), lines
+    cwd = tmp_path / "reader"
+    cwd.mkdir()
+    _reader_files(cwd, hub)
+    env = {**{k: v for k, v in os.environ.items() if k not in ("FRAMEWORK_SMOKE",)}, "HF_ENDPOINT": hub.url,
+           "HF_TOKEN": "dummy", "HF_HOME": str(tmp_path / "hf_home"), "OMP_NUM_THREADS": "1",
+           "FRAMEWORK_DATA_CACHE": str(tmp_path / "data_cache")}
+    records = []
+    for argv in lines:
+        before = set((cwd / "outputs").rglob("results.json")) if (cwd / "outputs").exists() else set()
+        proc = subprocess.run([sys.executable, *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, (argv, proc.stderr[-3000:])
+        if argv[1:3] == ["-m", "framework.data"]:
+            records.append(json.loads(proc.stdout[proc.stdout.index("{"):]))
+        else:
+            records.append(_results(cwd, before))
+    text, prepared, streamed, chat = records
+    assert json.dumps(text["data"]).count("my_corpus") >= 1, text["data"]
+    assert text["data"]["fingerprint"] == prepared["fingerprint"]  # prepare built the cache the run reads
+    assert "local-user/my-corpus" in json.dumps(streamed["data"]) and streamed["data"]["streaming"]
+    assert "chats.jsonl" in json.dumps(chat["data"]), chat["data"]
