@@ -15,29 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support.tiny_chat import WORDS, tiny_llama
 
 pytest.importorskip("transformers")
-
-WORDS = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree"]
-
-
-def tiny_llama(folder: Path, seed: int = 0) -> Path:
-    """A fresh 2-layer Llama and a word-level tokenizer (`<pad>` 0, `<eos>` 1), `save_pretrained` into `folder`."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    vocab = {w: i for i, w in enumerate(["<pad>", "<eos>", "<unk>", "list:", "first:", *WORDS])}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         pad_token_id=0, eos_token_id=1, bos_token_id=None)
-    torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
-
 
 def sentences(n: int, words: list[str], seed: int) -> list[str]:
     rng = random.Random(seed)

@@ -11,23 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.tiny_chat import WORDS, tiny_llama, word_tokenizer
 
 pytest.importorskip("transformers")
-
-WORDS = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree"]
-
-
-def word_tokenizer():
-    """A word-level tokenizer (one id per word; `<pad>` 0, `<eos>` 1, `<end>` 2) as transformers' fast tokenizer."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {w: i for i, w in enumerate(["<pad>", "<eos>", "<end>", "<unk>", "list:", "first:", *WORDS])}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
-                                   additional_special_tokens=["<end>"])
-
 
 def first_word_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
     """`list: w1 .. wk first:` -> ` w1`, k from 2 to 10: the answer is far back in a prompt of varying length."""
@@ -42,20 +28,6 @@ def first_word_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
-
-
-def tiny_llama(folder: Path, seed: int = 0) -> Path:
-    """A fresh 2-layer Llama (4 query / 2 KV heads) with the word tokenizer, `save_pretrained` into `folder`."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = word_tokenizer()
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         pad_token_id=0, eos_token_id=1, bos_token_id=None)
-    torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
 
 
 def test_prompt_batches_are_left_padded_and_each_row_decodes_as_it_would_alone(tmp_path):

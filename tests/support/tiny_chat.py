@@ -1,9 +1,14 @@
-"""Tiny chat tokenizers built offline: a byte-level BPE (every text round-trips) with Llama-3's pre-tokenizing regex
+"""Tiny chat tokenizers and a word-level Llama built offline.
+
+The chat tokenizers: a byte-level BPE (every text round-trips) with Llama-3's pre-tokenizing regex
 and a few merges, wrapped in transformers' PreTrainedTokenizerFast, with the families' own special tokens and their
 stock chat templates as Jinja strings (tests/data/test_chat.py, the README's "Your own data" test)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
@@ -61,3 +66,31 @@ def tiny_tokenizer(template: str | None, bos: str | None = None, eos: str = "</s
                                    additional_special_tokens=[s for s in SPECIALS if s not in (bos, eos)])
     fast.chat_template = template
     return fast
+
+
+WORDS = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree"]
+
+
+def word_tokenizer():
+    """A word-level tokenizer (one id per word; `<pad>` 0, `<eos>` 1, `<end>` 2) as transformers' fast tokenizer."""
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<pad>", "<eos>", "<end>", "<unk>", "list:", "first:", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
+                                   additional_special_tokens=["<end>"])
+
+
+def tiny_llama(folder: Path, seed: int = 0) -> Path:
+    """A fresh 2-layer Llama (4 query / 2 KV heads) with the word tokenizer, `save_pretrained` into `folder`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = word_tokenizer()
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         pad_token_id=0, eos_token_id=1, bos_token_id=None)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
