@@ -15,6 +15,7 @@ import sys
 
 import pytest
 from helpers import REPO
+from support import warm_cli
 from support.tiny_chat import CHATML, tiny_tokenizer
 
 pytest.importorskip("transformers")
@@ -79,8 +80,20 @@ def _results(cwd, before: set) -> dict:
     return json.loads(new[0].read_text())
 
 
-@pytest.mark.slow
-def test_the_your_own_data_section_runs_as_printed(tmp_path, hub):
+def _run(argv: list[str], cwd, env: dict, smoke: bool) -> subprocess.CompletedProcess:
+    """The line in a fresh `python` (as printed), or at smoke size in a process forked from a warm one
+    (`support.warm_cli`: the same module as `__main__`, less the import time)."""
+    if smoke:
+        return warm_cli.run(argv[2], argv[3:], env, cwd, timeout=600)
+    return subprocess.run([sys.executable, *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("smoke", [pytest.param(False, marks=pytest.mark.slow, id="as-printed"),
+                                   pytest.param(True, marks=pytest.mark.long, id="smoke")])
+def test_the_your_own_data_section_runs_as_printed(tmp_path, hub, smoke):
+    """As printed (make test-slow); in `make test` the same lines at the README's own small size
+    (`FRAMEWORK_SMOKE=1`, which every `python -m framework.train` line honours; the chat line keeps a row length
+    its conversations fit, as smoke's 32 tokens would cut every one to no target)."""
     lines = _lines()
     assert len(lines) == 4 and all(argv[0] == "python" for argv in lines), lines
     cwd = tmp_path / "reader"
@@ -88,12 +101,13 @@ def test_the_your_own_data_section_runs_as_printed(tmp_path, hub):
     _reader_files(cwd, hub)
     env = {**{k: v for k, v in os.environ.items() if k not in ("FRAMEWORK_SMOKE",)}, "HF_ENDPOINT": hub.url,
            "HF_TOKEN": "dummy", "HF_HOME": str(tmp_path / "hf_home"), "OMP_NUM_THREADS": "1",
-           "FRAMEWORK_DATA_CACHE": str(tmp_path / "data_cache")}
+           "FRAMEWORK_DATA_CACHE": str(tmp_path / "data_cache"), **({"FRAMEWORK_SMOKE": "1"} if smoke else {})}
     records = []
     for argv in lines:
         before = set((cwd / "outputs").rglob("results.json")) if (cwd / "outputs").exists() else set()
-        proc = subprocess.run([sys.executable, *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=600)
+        if smoke and "data=chat" in argv:
+            argv = [*argv, "data.seq_len=128"]
+        proc = _run(argv, cwd, env, smoke)
         assert proc.returncode == 0, (argv, proc.stderr[-3000:])
         if argv[1:3] == ["-m", "framework.data"]:
             records.append(json.loads(proc.stdout[proc.stdout.index("{"):]))
