@@ -11,7 +11,7 @@ from typing import Any
 import lightning as L
 
 from framework.modules.data_spec import DataSpec
-from framework.registry import LOSSES, METRICS, MODULES
+from framework.registry import LOSSES, METRICS, MODULES, SAMPLERS
 
 #: group → the module's constructor argument it is handed to (the `loss` group is a module's extra loss term)
 MODULE_ARGS = {"loss": "extra_loss", "metric": "metric"}
@@ -47,6 +47,11 @@ def assemble(
         extra["extra_loss"] = spec.complete(loss)()
     lm = spec.complete(module)(model=model, optimizer=optimizer, scheduler=scheduler, **extra)
     callbacks = dict(callbacks or {})
+    if sampler is not None and getattr(data, "streaming", False):
+        choice = (choices or {}).get("sampler")
+        raise ValueError(f"sampler={choice or _registered_name(SAMPLERS, getattr(sampler, 'func', type(sampler)))}: "
+                         "a selection sampler scores and re-draws rows by their index, which a stream "
+                         "(data.streaming=true) does not have; drop one (data.streaming=false reads the cached rows)")
     if sampler is not None:  # a selection policy: the DataSelection callback runs it (added if not listed)
         from framework.callbacks.selection import with_selection
 

@@ -246,3 +246,17 @@ def test_prepare_prints_where_the_cache_is_and_its_fingerprint_and_a_second_prep
     monkeypatch.setattr(sources, "read_texts", lambda *a, **k: pytest.fail("the second prepare read the source"))
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out) == first
+
+
+def test_a_selection_sampler_on_a_stream_is_refused_before_anything_is_written(tmp_path, cli):
+    """A stream has no stable row index for a selection sampler to score: one line, exit 2, in the preflight."""
+    folder = corpus(tmp_path / "c", {"train": 8})
+    run_dir = tmp_path / "run"
+    proc = cli("recipe=char_lm", "data=text", f"data.source={folder}", "data.streaming=true", "sampler=infobatch",
+               f"hydra.run.dir={run_dir}", env={"FRAMEWORK_SMOKE": "1"})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == ["error: sampler=infobatch: a selection sampler scores and re-draws rows by their index, which a "
+                     "stream (data.streaming=true) does not have; drop one (data.streaming=false reads the cached "
+                     "rows)"], lines
+    assert not run_dir.exists()
