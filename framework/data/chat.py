@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from framework.data.packing import encode
 from framework.errors import InputError
 
 #: the shapes, by the columns that make them (TRL's names); `columns` maps a shape's names to the file's
@@ -186,8 +187,7 @@ class ChatRenderer:
 
     def _tokens(self, texts: list[str]) -> list[np.ndarray]:
         """Token ids of each text, without the tokenizer's automatic special tokens (a template writes its own)."""
-        out = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-        return [np.asarray(ids, dtype=np.int64) for ids in out]
+        return [np.asarray(ids, dtype=np.int64) for ids in encode(self.tokenizer, texts)]
 
     def _turns(self, messages: list[dict[str, Any]], turns: list[int], index: int,
                whole_tail: bool = False) -> tuple[np.ndarray, list[tuple[int, int]]]:

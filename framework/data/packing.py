@@ -31,6 +31,17 @@ FORMAT_VERSION = 1
 _FLUSH_TOKENS = 1 << 22
 
 
+def encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Each text's ids without the tokenizer's automatic special tokens. A fast tokenizer's Rust backend is called
+    directly, without offsets (`encode_batch_fast`: the same ids, about a fifth less time), unless its tokenizer.json
+    sets truncation or padding (which transformers' own call turns off); others as called."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and hasattr(backend, "encode_batch_fast") and backend.truncation is None and \
+            backend.padding is None:
+        return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
 def token_dtype(vocab_size: int) -> np.dtype:
     """The smallest unsigned dtype that holds every id of a `vocab_size` vocabulary."""
     for dtype in (np.uint8, np.uint16, np.uint32):

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from framework.data import sources
-from framework.data.packing import PackedRows, PackWriter, cache_root, cached, fingerprint, token_dtype
+from framework.data.packing import PackedRows, PackWriter, cache_root, cached, encode, fingerprint, token_dtype
 from framework.data.resumable import SplitData
 from framework.errors import InputError
 
@@ -178,7 +178,7 @@ class TextData(SplitData):
                 continue
             eos = [] if self.eos_id is None else [self.eos_id]
             yield [np.asarray(ids + eos, dtype=np.int64)
-                   for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+                   for ids in encode(self.tokenizer, texts)]
 
     def train_dataloader(self) -> Any:
         """The resumable, self-sharding loader over the packed rows; streamed: `framework.data.streaming`'s."""

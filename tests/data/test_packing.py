@@ -119,3 +119,19 @@ def test_the_cache_is_built_once_and_a_failed_build_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError):
         cached(tmp_path, "other", broken)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["key"]  # neither a final nor a temporary folder left
+
+
+def test_encode_gives_the_tokenizers_own_ids_and_leaves_a_tokenizer_json_padding_alone():
+    """The Rust backend called directly gives what `tokenizer(texts, add_special_tokens=False)` gives; a tokenizer
+    whose tokenizer.json turns padding and truncation on is called as transformers calls it (both off)."""
+    from support.tiny_chat import CHATML, tiny_tokenizer
+
+    from framework.data.packing import encode
+
+    tok = tiny_tokenizer(CHATML, eos="<|im_end|>")
+    texts = ["What is 3 plus 5?", "", "<|im_start|>user\nhi<|im_end|>", "a much longer text " * 20]
+    expected = tok(texts, add_special_tokens=False)["input_ids"]
+    assert encode(tok, texts) == expected and len({len(ids) for ids in expected}) == 4
+    tok.backend_tokenizer.enable_padding(pad_id=0, pad_token="<|im_end|>")
+    tok.backend_tokenizer.enable_truncation(max_length=3)
+    assert encode(tok, texts) == expected
