@@ -39,6 +39,7 @@ def assemble(
     if getattr(data, "seed", 0) is None:
         data.seed = seed
     hand_tokenizer(model, data)
+    hand_data_config(model, data)
     model = hand_special_ids(model, data)
     spec = appended_mask(module, DataSpec.of(data))
     extra = {MODULE_ARGS[group]: _handed_to(module, group, part, (choices or {}).get(group))
@@ -91,6 +92,19 @@ def hand_tokenizer(model: Any, data: Any) -> Any:
     if tokenizer is not None and callable(getattr(data, "use_tokenizer", None)):
         data.use_tokenizer(tokenizer)
     return tokenizer
+
+
+def hand_data_config(model: Any, data: Any) -> dict[str, Any] | None:
+    """A model factory that states its data config (timm's input size, interpolation, mean, std, crop: its
+    `data_config_for`, asked before anything is built) gives it to data that takes one (`use_data_config`), so images
+    are resized and normalised the model's way; other data (digits: fixed arrays) is left alone. Returns it (None)."""
+    ask = getattr(model.func, "data_config_for", None) if isinstance(model, functools.partial) else None
+    take = getattr(data, "use_data_config", None)
+    if not callable(ask) or not callable(take):
+        return None
+    config = ask(**model.keywords)
+    take(config)
+    return config
 
 
 def hand_special_ids(model: Any, data: Any) -> Any:

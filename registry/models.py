@@ -29,3 +29,12 @@ MODELS.register(
                 "bidirectional backbone for the mdlm module, with its tokenizer's [MASK]; weights that do not fit the "
                 "checkpoint are an error (strict=false: a warning).",
 )
+
+from framework.models.timm_models import timm_model  # noqa: E402  (timm is imported when one is built)
+
+MODELS.register(
+    timm_model, name="timm",
+    description="A timm image model by name (model.name=resnet18, vit_tiny_patch16_224, ...) or Hub id "
+                "(hf-hub:org/name); pretrained=, num_classes and in_chans from the data, extra timm arguments "
+                "(+model.drop_rate=0.1); pushed back in timm's own format.",
+)
