@@ -61,3 +61,13 @@ DATA.register(
                 "rendered with the model's chat template, the loss on the assistant's tokens (data.train_on="
                 "assistant|last|all); whole conversations packed into seq_len rows. Needs a model with a tokenizer.",
 )
+
+from framework.data.images import ImageData  # noqa: E402
+
+DATA.register(
+    ImageData, name="images", batch_size=32, seed=None,
+    description="Your own images: data.source= a folder (one folder per class; train/ validation/ split folders), "
+                "a folder with metadata.csv, .parquet files, webdataset .tar shards or a Hub image dataset id; "
+                "the model's transforms (timm), data.image_size= without one; bad files skipped and counted "
+                "(data.strict=true refuses them).",
+)

@@ -47,14 +47,26 @@ def list_images(root: str | os.PathLike) -> list[Path]:
 def load_image(source: str | os.PathLike | bytes, name: str | None = None):
     """Decode a file (or its bytes) fully into an RGB PIL image; `BadImage` names it when it is not an image or is
     truncated (decoded eagerly, so a bad file fails here and not later in a transform)."""
+    return _decode(source, name, draft=False)
+
+
+def check_image(source: str | os.PathLike | bytes, name: str | None = None) -> None:
+    """`load_image`'s refusals without its full cost: a JPEG is decoded at reduced scale (PIL's draft mode still
+    reads every byte, so a truncated file is caught); other formats are decoded whole."""
+    _decode(source, name, draft=True)
+
+
+def _decode(source: str | os.PathLike | bytes, name: str | None, draft: bool):
     from PIL import Image, UnidentifiedImageError
 
     label = name or (f"<{len(source)} bytes>" if isinstance(source, bytes | bytearray) else str(source))
     stream = io.BytesIO(source) if isinstance(source, bytes | bytearray) else source
     try:
         with Image.open(stream) as img:
+            if draft:
+                img.draft("RGB", (1, 1))
             img.load()
-            return _to_rgb(img)
+            return None if draft else _to_rgb(img)
     except UnidentifiedImageError:
         raise BadImage(label, "not an image (PIL cannot identify its format)") from None
     except Image.DecompressionBombError as err:
