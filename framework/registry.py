@@ -147,8 +147,8 @@ class Registry:
         """The registered callable (class or function) for `name`."""
         return self.entry(name).target
 
-    def build(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Call the component with its registered defaults, overridden by `kwargs`."""
+    def build(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
+        """Call the component with its registered defaults, overridden by `kwargs` (which may set its own `name`)."""
         entry = self.entry(name)
         return entry.target(*args, **{**entry.defaults, **kwargs})
 

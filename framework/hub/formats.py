@@ -102,12 +102,15 @@ def timm_architecture(model: nn.Module) -> str | None:
 
 
 def timm_config(model: nn.Module) -> dict[str, Any]:
-    """The config.json timm's own `save_for_hf` / `push_to_hf_hub` writes for `model`."""
+    """The config.json timm's own `save_for_hf` / `push_to_hf_hub` writes for `model`; a `model=timm` model's
+    `pretrained_cfg` states the input size it was trained at (its `init_config`'s `input_shape`, from the data)."""
     from timm.models._hub import save_config_for_hf
 
+    shape = (getattr(model, "init_config", None) or {}).get("input_shape")
+    data_config = {"input_size": tuple(shape)} if shape else None
     with tempfile.TemporaryDirectory(prefix="framework-timm-") as tmp:
         path = Path(tmp) / "config.json"
-        save_config_for_hf(model, str(path))
+        save_config_for_hf(model, str(path), data_config=data_config)
         return json.loads(path.read_text())
 
 

@@ -29,7 +29,7 @@ from framework.hub.common import (
     Pushed,
     UnsafeWeightsError,
 )
-from framework.hub.formats import FRAMEWORK, FRAMEWORK_CONFIG_NAME, TRANSFORMERS
+from framework.hub.formats import FRAMEWORK, FRAMEWORK_CONFIG_NAME, TIMM, TRANSFORMERS, timm_architecture, timm_config
 from framework.hub.load import build_model, validate_config
 from framework.hub.pushable import _is_hf, pushable
 from framework.rundir import Build, RunDir, load_state
@@ -132,12 +132,19 @@ def _bundle_from_run_dir(run: RunDir, build: Build | None) -> _Bundle:
     except ValueError as err:
         raise UnsafeWeightsError(f"{ckpt} does not fit model {config['name']!r}: {err.__cause__}") from err
     choices = results.get("choices") or {}
+    fmt = FRAMEWORK
+    if timm_architecture(model):  # `model=timm`: timm's own format, so timm.create_model("hf-hub:...") opens it
+        fmt, config = TIMM, validate_config({**timm_config(model), **{k: config[k] for k in _RUN_KEYS if k in config}})
     return _Bundle(
         model, config, {k: float(v) for k, v in (results.get("metrics") or {}).items()},
         [choices["data"]] if choices.get("data") else [], choices.get("module"), results.get("global_step"),
         _file_or_none(run.root / "csv" / "metrics.csv"), _file_or_none(run.root / ".hydra" / "config.yaml"),
-        extras=method_artefacts(run.root), data=results.get("data"),
+        format=fmt, extras=method_artefacts(run.root), data=results.get("data"),
     )
+
+
+#: what a run dir's config.json records of the run beside the model, in every format
+_RUN_KEYS = ("framework_version", "recipe", "command")
 
 
 #: files a method writes into its run dir that travel with the model, in the same repo (`METHOD_ARTEFACTS`:

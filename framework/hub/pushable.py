@@ -92,12 +92,12 @@ def _plain(value: Any) -> Any:
 def _pick(module: nn.Module) -> tuple[str, nn.Module]:
     inner = getattr(module, "model", None)
     inner = inner if isinstance(inner, nn.Module) else None
+    for candidate in (module, inner):  # timm first: `model=timm` records an init_config on the timm model too
+        if candidate is not None and timm_architecture(candidate):
+            return TIMM, candidate
     for candidate in (module, inner):
         if candidate is not None and hasattr(candidate, "init_config"):
             return (TRANSFORMERS if _is_hf(candidate) else FRAMEWORK), candidate
-    for candidate in (module, inner):
-        if candidate is not None and timm_architecture(candidate):
-            return TIMM, candidate
     if saved_hparams(module):
         return PLAIN, module
     raise NotPushableError(f"{type(module).__name__} cannot be pushed to the Hub: it is no framework model, no timm"
