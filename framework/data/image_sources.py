@@ -47,6 +47,7 @@ class ImageSource:
     table: Any = None  # a datasets.Dataset holding only the image column, undecoded
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (name, why) of files that are not images
     left_out: int = 0  # images whose class the class_map does not name
+    revision: str | None = None  # the Hub revision asked for (the commit it named is `ident["sha"]`)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -69,8 +70,8 @@ class ImageSource:
 
     def describe(self) -> dict[str, Any]:
         """For results.json and the model card: the dataset, its split, counts, classes and the skipped files."""
-        where = {"dataset": self.ident["hub"], "sha": self.ident["sha"]} if "hub" in self.ident else \
-            {"dataset": self.spec}
+        where = {"dataset": self.ident["hub"], "revision": self.revision or "main", "sha": self.ident["sha"]} \
+            if "hub" in self.ident else {"dataset": self.spec}
         out = {**where, "format": self.kind, "split": self.split, "images": len(self),
                "classes": len(self.classes) if self.classes else None, "skipped": len(self.skipped)}
         if self.skipped:
@@ -180,7 +181,8 @@ def _from_table(spec: str, path: Path | None, split: str, revision: str | None, 
     natural = list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
     raw = list(table[label_col]) if label_col else None
     table = table.select_columns([image_col]).cast_column(image_col, datasets.Image(decode=False))
-    src = ImageSource(spec, kind, split, splits, list(range(len(table))), None, None, ident, table=table)
+    src = ImageSource(spec, kind, split, splits, list(range(len(table))), None, None, ident, table=table,
+                      revision=revision)
     return raw, natural, src
 
 

@@ -73,6 +73,9 @@ def train_loader(dataset: Dataset, batch_size: int, seed: int, trainer: Any = No
     rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
     sampler = EpochSampler(len(dataset), batch_size=batch_size, seed=seed, rank=rank, world_size=world)
     if trainer is not None and trainer.global_step > 0:
+        # the epoch now, not at the next set_epoch: a loader with workers draws its first indices as soon as it is
+        # iterated, which a resumed fit does before it sets the sampler's epoch
+        sampler.set_epoch(trainer.current_epoch)
         batches_per_epoch = len(sampler) // batch_size
         done = trainer.global_step * trainer.accumulate_grad_batches - trainer.current_epoch * batches_per_epoch
         if 0 < done < batches_per_epoch:

@@ -1,0 +1,233 @@
+"""`data=images`: the DataModule on real PNG files (scikit-learn's digits written here), its transforms (the model's
+data config, seeded augmentation), decoding in workers, and the CLI as a user runs it: a run with its record, the
+selection samplers on its stable index, a timm model by name, refusals in one line, and a resume after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import KILL, finish, start_cli, train_state
+from helpers import assert_same_state as assert_same
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from framework.data.images import ImageData
+from framework.errors import InputError
+
+
+def digits_pngs(folder: Path, n: int = 60, classes=(0, 1, 2), size: int = 16) -> Path:
+    """scikit-learn's first `n` digits of `classes` as `size`-pixel PNGs in `folder/<digit>/<i>.png`."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    picked = [i for i in range(len(data.target)) if data.target[i] in classes][:n]
+    for i in picked:
+        (folder / str(data.target[i])).mkdir(parents=True, exist_ok=True)
+        pixels = (data.images[i] * 16).clip(0, 255).astype(np.uint8)
+        Image.fromarray(pixels).resize((size, size)).save(folder / str(data.target[i]) / f"{i:04d}.png")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory) -> Path:
+    return digits_pngs(tmp_path_factory.mktemp("images") / "digits")
+
+
+def test_the_module_states_classes_and_shape_and_holds_out_every_tenth_image(digits):
+    data = ImageData(str(digits), batch_size=8, val_fraction=0.1)
+    assert data.num_classes == 3 and data.classes == ["0", "1", "2"] and data.input_shape == [3, 32, 32]
+    assert data.val_rows == list(range(0, 60, 10)) and len(data.train_rows) == 54
+    data.setup()
+    item = data.train_set[5]
+    assert item["x"].shape == (3, 32, 32) and item["index"] == 5 and item["y"] == data.source.label(6)
+    val = data.val_set[1]
+    assert val["y"] == data.source.label(10) and torch.equal(val["x"], data.val_set[1]["x"])
+    assert ImageData(str(digits), batch_size=8, val_fraction=0.1).fingerprint == data.fingerprint
+
+
+def test_the_models_data_config_sets_size_interpolation_and_normalisation(digits):
+    data = ImageData(str(digits), batch_size=8, train_transform="none")
+    data.use_data_config({"input_size": (3, 24, 24), "interpolation": "bicubic", "mean": (0.5, 0.5, 0.5),
+                          "std": (0.25, 0.25, 0.25), "crop_pct": 1.0, "crop_mode": "center", "num_classes": 7})
+    assert data.input_shape == [3, 24, 24]
+    data.setup()
+    x = data.val_set[0]["x"]
+    pixels = np.asarray(data.val_source.image(0).resize((24, 24), Image.BICUBIC), dtype=np.float32) / 255
+    assert x.shape == (3, 24, 24)
+    assert torch.allclose(x, (torch.from_numpy(pixels).permute(2, 0, 1) - 0.5) / 0.25, atol=0.02)
+    sized = ImageData(str(digits), batch_size=8, image_size=20)
+    sized.use_data_config({"input_size": (3, 224, 224)})
+    assert sized.input_shape == [3, 20, 20]  # an explicit data.image_size still sets the size
+
+
+def test_augmentation_is_seeded_by_seed_epoch_and_index_and_leaves_the_callers_generators_alone(digits):
+    data = ImageData(str(digits), batch_size=8, seed=3)
+    data.setup()
+    torch.manual_seed(0)
+    random.seed(0)
+    first = data.train_set[4]["x"]
+    assert torch.equal(first, data.train_set[4]["x"])  # the same draws for (seed, epoch, index)
+    torch.manual_seed(0)
+    expected = torch.rand(1)
+    torch.manual_seed(0)
+    data.train_set[4]
+    assert torch.equal(torch.rand(1), expected)  # the training process's own stream is not consumed
+    data.clock.frozen = 1
+    assert not torch.equal(first, data.train_set[4]["x"])  # another epoch: other crops
+    other = ImageData(str(digits), batch_size=8, seed=4)
+    other.setup()
+    assert not torch.equal(first, other.train_set[4]["x"])
+
+
+def test_workers_decode_the_same_batches_as_the_main_process(digits):
+    data = ImageData(str(digits), batch_size=8, seed=1)
+    data.setup()
+    data.clock.frozen = 2
+    here = list(DataLoader(data.train_set, batch_size=8))
+    there = list(DataLoader(data.train_set, batch_size=8, num_workers=2))
+    assert all(torch.equal(a["x"], b["x"]) and torch.equal(a["index"], b["index"]) for a, b in zip(here, there,
+                                                                                                     strict=True))
+
+
+def test_bad_values_are_refused_naming_them(digits, tmp_path):
+    digits_pngs(tmp_path / "one", n=10, classes=(4,))
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for i in range(3):
+        Image.new("RGB", (8, 8), (i, 0, 0)).save(flat / f"{i}.png")
+    for kwargs, message in [({"source": None}, "data.source= is required"),
+                            ({"source": str(tmp_path / "one")}, "1 class .* at least 2"),
+                            ({"source": str(flat)}, "have no labels"),
+                            ({"source": str(digits), "batch_size": 64}, "54 training images, fewer than one batch"),
+                            ({"source": str(digits), "train_transform": "strong"}, "not one of timm, flip, none"),
+                            ({"source": str(digits), "val_split": "dev"}, "data.val_split='dev' is not a split")]:
+        with pytest.raises(InputError, match=message):
+            ImageData(**kwargs)
+
+
+# ---- the CLI, as a user runs it ---------------------------------------------------------------------------------
+TINY = ["data=images", "model=convnet", "model.channels=4", "model.hidden=16", "module=classifier", "optimizer=adamw",
+        "data.batch_size=8", "data.image_size=16", "threads=1"]
+
+
+def _error_lines(proc) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+
+
+def test_a_run_on_a_folder_records_what_it_read_and_skipped(digits, tmp_path, cli):
+    source = tmp_path / "d"
+    digits_pngs(source, n=40, classes=(0, 1))
+    (source / "1" / "notes.png").write_text("not an image")
+    run = tmp_path / "run"
+    proc = cli(*TINY, f"data.source={source}", "trainer.max_epochs=2", f"hydra.run.dir={run}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((run / "results.json").read_text())
+    data = results["data"]
+    assert data["dataset"] == str(source) and data["format"] == "folder" and data["class_names"] == ["0", "1"]
+    assert data["images"] == 40 and data["train_images"] == 36 and data["val_images"] == 4
+    assert data["skipped"] == 1 and data["skipped_examples"] == ["notes.png: not an image (PIL cannot identify its "
+                                                                 "format)"]
+    assert data["input_size"] == [3, 16, 16] and results["global_step"] == 2 * (36 // 8)
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["ImageData"]
+    assert state["fingerprint"] == data["fingerprint"]
+
+
+@pytest.mark.parametrize("case", ["empty", "single", "strict"])
+def test_bad_input_is_one_error_line_exit_2_and_nothing_written(tmp_path, cli, case):
+    source = tmp_path / "src"
+    if case == "empty":
+        source.mkdir()
+    else:
+        digits_pngs(source, n=20, classes=(5,) if case == "single" else (5, 6))
+    if case == "strict":
+        (source / "6" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 cut short")
+    run = tmp_path / "run"
+    proc = cli(*TINY, f"data.source={source}", *(["data.strict=true"] if case == "strict" else []),
+               f"hydra.run.dir={run}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = _error_lines(proc)
+    assert {"empty": "holds no image", "single": "holds images of 1 class (5)",
+            "strict": "6/broken.jpg: "}[case] in line
+    assert "Traceback" not in proc.stderr and not run.exists()
+
+
+@pytest.mark.parametrize("sampler", ["infobatch", "data_agent"])
+def test_selection_samplers_select_among_the_images_by_their_index(digits, tmp_path, cli, sampler):
+    run = tmp_path / "run"
+    proc = cli(*TINY, f"data.source={digits}", f"sampler={sampler}", "trainer.max_epochs=3",
+               "+callbacks.batches._target_=support.batch_log.BatchLog", f"+callbacks.batches.path={tmp_path}/b.jsonl",
+               f"hydra.run.dir={run}", env={"PYTHONPATH": str(Path(__file__).parents[1])})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines()]
+    seen = [i for s in steps for i in s["index"]]
+    assert set(seen) <= set(range(54)) and len(set(seen)) > 27
+    metrics = json.loads((run / "results.json").read_text())["metrics"]
+    assert 0 < metrics["selection/cost"] <= 1.0 + 1e-9
+
+
+def test_a_timm_model_by_name_takes_its_classes_and_its_own_normalisation(digits, tmp_path, cli):
+    run = tmp_path / "run"
+    proc = cli("data=images", f"data.source={digits}", "model=timm", "model.name=resnet10t", "module=classifier",
+               "optimizer=adamw", "data.batch_size=8", "data.image_size=32", "trainer.max_steps=2", "threads=1",
+               f"hydra.run.dir={run}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((run / "results.json").read_text())["data"]
+    assert data["input_size"] == [3, 32, 32] and data["num_classes"] == 3
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert next(v for k, v in state.items() if k.endswith("fc.weight")).shape[0] == 3
+
+
+def _log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_resumed_loader_with_workers_continues_the_epoch_it_was_stopped_in(digits):
+    """The small variant of the SIGKILL test below: a loader made for a fit resumed at step 6 (epoch 1 of 4-step
+    epochs), decoding in a worker and iterated before anyone sets its epoch, gives epoch 1's last two batches."""
+    from types import SimpleNamespace
+
+    def batches(step: int, epoch: int) -> list[dict]:
+        data = ImageData(str(digits), batch_size=12, num_workers=1, image_size=16)
+        data.trainer = SimpleNamespace(global_rank=0, world_size=1, global_step=step, accumulate_grad_batches=1,
+                                       current_epoch=epoch)
+        data.setup()
+        loader = data.train_dataloader()
+        if step == 0:
+            loader.sampler.set_epoch(epoch)
+        return list(loader)
+
+    whole, rest = batches(0, 1), batches(6, 1)
+    assert len(whole) == 4 and len(rest) == 2
+    for a, b in zip(whole[2:], rest, strict=True):
+        assert torch.equal(a["index"], b["index"]) and torch.equal(a["x"], b["x"])
+
+
+@pytest.mark.slow  # three CLI runs (~10 s); the loader's part of it is the test above
+def test_a_run_killed_mid_epoch_resumes_to_the_same_next_batches(digits, tmp_path):
+    """Augmented batches decoded in a worker process: the run killed at step 6 (epoch 1 of 4-step epochs) and
+    resumed from its last checkpoint takes the uninterrupted run's batches bit for bit, and ends with its weights."""
+    args = [*TINY, f"data.source={digits}", "data.batch_size=12", "data.num_workers=1", "trainer.max_steps=10",
+            "callbacks.checkpoint.every_n_train_steps=1", "+callbacks.batches._target_=support.batch_log.BatchLog"]
+    full, cut, resumed = (tmp_path / name for name in ("full", "cut", "resumed"))
+    ref = start_cli([*args, f"+callbacks.batches.path={full}.jsonl", f"hydra.run.dir={full}"])
+    killed = start_cli([*args, *KILL, "+callbacks.kill.step=6", f"+callbacks.batches.path={cut}.jsonl",
+                        f"hydra.run.dir={cut}"])
+    (code, err), (kcode, kerr) = finish(ref), finish(killed)
+    assert code == 0, err[-3000:]
+    assert kcode == -9, kerr[-3000:]
+    ckpt = cut / "checkpoints" / "last.ckpt"
+    step = train_state(ckpt)["global_step"]
+    assert step == 6
+    code, err = finish(start_cli([*args, f"ckpt_path={ckpt}", f"+callbacks.batches.path={resumed}.jsonl",
+                                  f"hydra.run.dir={resumed}"]))
+    assert code == 0, err[-3000:]
+    want, got = _log(tmp_path / "full.jsonl"), _log(tmp_path / "resumed.jsonl")
+    assert [b["step"] for b in want] == list(range(10)) and [b["step"] for b in got] == list(range(step, 10))
+    assert got == want[step:] and _log(tmp_path / "cut.jsonl")[:step] == want[:step]
+    assert [b["epoch"] for b in want][5:7] == [1, 1]  # killed mid-epoch
+    assert_same(train_state(full / "checkpoints" / "last.ckpt"), train_state(resumed / "checkpoints" / "last.ckpt"))
