@@ -97,12 +97,16 @@ class ImageData(SplitData):
                  val_fraction: float = 0.1, revision: str | None = None, image_column: str = "image",
                  label_column: str = "label", class_map: Any = None, image_size: int | None = None,
                  train_transform: str = "timm", strict: bool = False, batch_size: int = 32, seed: int | None = 0,
-                 num_workers: int = 0, cache_dir: str | None = None):
+                 num_workers: int = 0, cache_dir: str | None = None, streaming: bool = False):
         super().__init__()
         self._check_values(source, val_fraction, image_size, train_transform, batch_size, num_workers)
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
         self.split, self.val_fraction, self.image_size = split, val_fraction, image_size
         self.train_transform, self.class_map = train_transform, _plain(class_map)
+        self.streaming, self.strict, self.data_config, self.clock = bool(streaming), bool(strict), None, EpochClock()
+        if self.streaming:
+            self._init_stream(str(source), revision, image_column, label_column, val_split)
+            return
         opts = {"revision": revision, "image_column": image_column, "label_column": label_column,
                 "class_map": self.class_map, "strict": bool(strict), "cache_dir": cache_dir, "workers": num_workers}
         self.source = open_images(source, split, min_classes=2, **opts)
@@ -110,7 +114,7 @@ class ImageData(SplitData):
             raise InputError(f"data.source={source}: its images have no labels ({self.source.kind}: images directly "
                              "in the folder, or no label column); put each class's images in a folder of its own "
                              "(source/cat/*.jpg, source/dog/*.jpg) or name the label column with data.label_column=")
-        self.val_split = self._choose_val(val_split)
+        self.val_split = self._choose_val(self.source.splits, val_split)
         if self.val_split:
             self.val_source = open_images(source, self.val_split, classes=self.source.classes, **opts)
             self.train_rows, self.val_rows = list(range(len(self.source))), list(range(len(self.val_source)))
@@ -124,9 +128,21 @@ class ImageData(SplitData):
                              f"batch of data.batch_size={batch_size}: lower data.batch_size or add images")
         self.classes = list(self.source.classes or [])
         self.num_classes = len(self.classes)
-        self.data_config: dict[str, Any] | None = None
         self.input_shape = list(self.config()["input_size"])
-        self.clock = EpochClock()
+
+    def _init_stream(self, source: str, revision: str | None, image_column: str, label_column: str,
+                     val_split: str | None) -> None:
+        """`data.streaming=true`: the source resolved for a stream (`framework.data.image_stream`), nothing read."""
+        from framework.data.image_stream import setup_stream
+
+        setup_stream(self, source, revision, image_column, label_column, self.class_map)
+        if len(self.classes) < 2:
+            raise InputError(f"data.source={source}: {len(self.classes)} class ({', '.join(self.classes)}); training "
+                             "a classifier needs at least 2")
+        self.val_split = self._choose_val(self.splits, val_split)
+        self.stream_held = None if self.val_split else self.val_fraction
+        self.num_classes, self.input_shape = len(self.classes), list(self.config()["input_size"])
+        self.stream_loader = None
 
     @staticmethod
     def _check_values(source: Any, val_fraction: float, image_size: Any, train_transform: str, batch_size: Any,
@@ -146,10 +162,9 @@ class ImageData(SplitData):
                              "(timm: random resized crop, flip, colour jitter; flip: the evaluation transform after "
                              "a random horizontal flip; none: the evaluation transform)")
 
-    def _choose_val(self, val_split: str | None) -> str | None:
-        splits = self.source.splits
+    def _choose_val(self, splits: list[str], val_split: str | None) -> str | None:
         if val_split is not None and val_split not in splits:
-            raise InputError(f"data.val_split={val_split!r} is not a split of {self.source.spec}; its splits: "
+            raise InputError(f"data.val_split={val_split!r} is not a split of this source; its splits: "
                              f"{', '.join(splits)} (or null: its own validation split, else data.val_fraction)")
         return val_split or next((s for s in VAL_SPLITS if s in splits and s != self.split), None)
 
@@ -182,19 +197,39 @@ class ImageData(SplitData):
         return plain, plain
 
     def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
+        if self.train_set is not None or (self.streaming and self.val_set is not None):
+            return
+        if self.streaming:
+            from framework.data.image_stream import val_items
+
+            self._stream_transform, plain = self.transforms()
+            self.val_set = val_items(self, plain)
             return
         world = self.trainer.world_size if self.trainer is not None else 1
         if len(self.train_rows) < self.batch_size * world:
             raise InputError(f"data.source={self.source.spec} gives {len(self.train_rows)} training images, fewer "
                              f"than one batch of data.batch_size={self.batch_size} on each of {world} ranks")
         train, plain = self.transforms()
-        self.clock.trainer = self.trainer
         self.train_set = ImageItems(self.source, self.train_rows, train, int(self.seed or 0), self.clock)
         self.val_set = ImageItems(self.val_source, self.val_rows, plain)
 
+    def train_dataloader(self) -> Any:
+        """The resumable, self-sharding loader over the images; streamed: `framework.data.image_stream`'s."""
+        self.clock.trainer = self.trainer
+        if not self.streaming:
+            return super().train_dataloader()
+        from framework.data.image_stream import ImageStreamLoader
+
+        self.setup()
+        self.stream_loader = ImageStreamLoader(self, self._stream_transform, self.trainer)
+        return self.stream_loader
+
     def identity(self) -> dict[str, Any]:
         """What the batches are made of: the images (each split's fingerprint), classes, held-out rule, transform."""
+        if self.streaming:
+            return {"kind": "images", "stream": self.stream_source.identity(), "split": self.split,
+                    "val_split": self.val_split, "val_fraction": self.stream_held, "classes": self.classes,
+                    "config": self.config(), "train_transform": self.train_transform}
         return {"kind": "images", "train": self.source.identity(), "split": self.split,
                 "val": self.val_source.identity() if self.val_split else None, "val_split": self.val_split,
                 "val_fraction": None if self.val_split else self.val_fraction, "classes": self.classes,
@@ -205,7 +240,7 @@ class ImageData(SplitData):
         return fingerprint(self.identity())
 
     def state_dict(self) -> dict[str, Any]:
-        return {"fingerprint": self.fingerprint, "source": self.source.describe()}
+        return {"fingerprint": self.fingerprint}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Refuse to resume on other images than the checkpoint's (InputError naming both fingerprints)."""
@@ -218,6 +253,14 @@ class ImageData(SplitData):
     def record(self) -> dict[str, Any]:
         """What results.json and the model card say about the data: the source, counts, classes, skipped files."""
         shown = self.classes if len(self.classes) <= 20 else [*self.classes[:20], f"... ({len(self.classes)})"]
+        if self.streaming:
+            counts = getattr(self.stream_loader, "totals", {})
+            return {**self.stream_source.describe(), "fingerprint": self.fingerprint, "streaming": True,
+                    "num_classes": self.num_classes, "class_names": shown, "images_read": counts.get("images", 0),
+                    "repeated_images": counts.get("repeated", 0), "skipped": counts.get("skipped", 0),
+                    "val_images": len(self.val_set or ()), "input_size": list(self.config()["input_size"]),
+                    "validation": self.val_split or f"held out: {self.val_fraction:g} of the images (by content hash)",
+                    "train_transform": self.train_transform}
         out = {**self.source.describe(), "fingerprint": self.fingerprint, "num_classes": self.num_classes,
                "class_names": shown, "train_images": len(self.train_rows), "val_images": len(self.val_rows),
                "validation": self.val_split or f"held out: {self.val_fraction:g} of the images",

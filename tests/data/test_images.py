@@ -231,3 +231,87 @@ def test_a_run_killed_mid_epoch_resumes_to_the_same_next_batches(digits, tmp_pat
     assert got == want[step:] and _log(tmp_path / "cut.jsonl")[:step] == want[:step]
     assert [b["epoch"] for b in want][5:7] == [1, 1]  # killed mid-epoch
     assert_same(train_state(full / "checkpoints" / "last.ckpt"), train_state(resumed / "checkpoints" / "last.ckpt"))
+
+
+# ---- data.streaming=true: webdataset shards read as a stream ----------------------------------------------------
+def webdataset_shards(folder: Path, shards: int = 3, per: int = 10, bad: tuple[int, int] | None = (1, 3)) -> Path:
+    """`shards` tar files of `per` PNG + .cls samples each (3 classes); sample `bad` holds bytes that are no image."""
+    import io
+    import tarfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for s in range(shards):
+        with tarfile.open(folder / f"train-{s}.tar", "w") as tar:
+            for i in range(per):
+                png = io.BytesIO()
+                Image.new("RGB", (8, 8), (i * 20, s * 50, 7)).save(png, format="PNG")
+                image = b"this is not a png at all" if (s, i) == bad else png.getvalue()
+                for ext, payload in (("png", image), ("cls", str(i % 3).encode())):
+                    info = tarfile.TarInfo(f"s{s}_{i:03d}.{ext}")
+                    info.size = len(payload)
+                    tar.addfile(info, io.BytesIO(payload))
+    return folder
+
+
+def test_a_stream_resumed_after_any_batch_gives_the_same_batches_and_counts_what_it_skipped(tmp_path):
+    shards = webdataset_shards(tmp_path / "wds")
+    data = ImageData(str(shards), streaming=True, class_map={"0": 0, "1": 1, "2": 2}, batch_size=4, image_size=8,
+                     val_fraction=0.2, cache_dir=str(tmp_path / "c"))
+    assert data.classes == ["0", "1", "2"] and data.val_split is None
+    data.setup()
+    whole = list(data.train_dataloader())
+    record = data.record()
+    assert record["skipped"] == 1 and record["streaming"] and record["images_read"] == 4 * len(whole)
+    assert record["val_images"] + record["images_read"] - record["repeated_images"] + 1 == 30  # each image once
+    for done in (1, 4):
+        loader = data.train_dataloader()
+        taken = iter(loader)
+        for _ in range(done):
+            next(taken)
+        again = data.train_dataloader()
+        again.load_state_dict(loader.state_dict())
+        rest = list(again)
+        assert len(rest) == len(whole) - done
+        pairs = zip(whole[done:], rest, strict=True)
+        assert all(torch.equal(a[k], b[k]) for a, b in pairs for k in ("x", "y", "index"))
+
+
+def test_a_stream_refuses_a_folder_of_images_and_labels_without_class_names(tmp_path, digits):
+    with pytest.raises(InputError, match="is a folder of images, read file by file already"):
+        ImageData(str(digits), streaming=True)
+    with pytest.raises(InputError, match=r"states no class names .* data.class_map="):
+        ImageData(str(webdataset_shards(tmp_path / "wds", shards=1)), streaming=True, cache_dir=str(tmp_path / "c"))
+
+
+def test_a_streamed_run_through_the_cli_and_a_sampler_on_it_refused(tmp_path, cli):
+    shards = webdataset_shards(tmp_path / "wds")
+    args = [*TINY, f"data.source={shards}", "data.streaming=true", "data.class_map={0:0,1:1,2:2}",
+            "data.batch_size=4", "data.image_size=8"]
+    run = tmp_path / "run"
+    proc = cli(*args, "trainer.max_steps=8", f"hydra.run.dir={run}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((run / "results.json").read_text())["data"]
+    assert data["streaming"] and data["skipped"] == 1 and data["files"] == [f"train-{s}.tar" for s in range(3)]
+    proc = cli(*args, "sampler=infobatch", f"hydra.run.dir={tmp_path / 'refused'}")
+    assert proc.returncode == 2 and "data.streaming" in _error_lines(proc)[0]
+    assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.slow  # two-process DDP runs (~40 s)
+@pytest.mark.ddp
+@pytest.mark.parametrize("streamed", [False, True])
+def test_every_rank_takes_the_same_number_of_batches_under_ddp(digits, tmp_path, streamed):
+    source = webdataset_shards(tmp_path / "wds", shards=3, per=11) if streamed else digits
+    extra = ["data.streaming=true", "data.class_map={0:0,1:1,2:2}", "data.batch_size=4"] if streamed else \
+        ["data.batch_size=8"]
+    proc = start_cli([*TINY, f"data.source={source}", *extra, "trainer.strategy=ddp", "trainer.devices=2",
+                      "trainer.accelerator=cpu", "trainer.max_epochs=2",
+                      "+callbacks.batches._target_=support.batch_log.BatchLog",
+                      f"+callbacks.batches.path={tmp_path / 'b.jsonl'}", f"hydra.run.dir={tmp_path / 'run'}"])
+    code, err = finish(proc, timeout=300)
+    assert code == 0, err[-3000:]
+    ranks = [_log(tmp_path / "b.jsonl"), _log(tmp_path / "b.rank1.jsonl")]
+    assert [b["step"] for b in ranks[0]] == [b["step"] for b in ranks[1]] and len(ranks[0]) > 2
+    for epoch in (0, 1):
+        seen = [set(i for b in log if b["epoch"] == epoch for i in b["index"]) for log in ranks]
+        assert not seen[0] & seen[1]  # disjoint shares (a stream's index: rank + world * its own count)
