@@ -12,8 +12,11 @@ seeded by (seed, epoch, rank, the image's number in the rank's stream). Bad imag
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import random
 import zlib
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -52,6 +55,20 @@ def held_out(cell: dict[str, Any], fraction: float | None) -> bool:
         return False
     key = cell.get("bytes") or str(cell.get("path")).encode()
     return zlib.crc32(key) < fraction * 2**32
+
+
+@contextlib.contextmanager
+def seeded(value: int) -> Iterator[None]:
+    """Python's and torch's global generators seeded with `value` (what timm's transforms draw from), and put back
+    afterwards: the training process's own random state is untouched."""
+    state = random.getstate()
+    with torch.random.fork_rng(devices=[]):
+        random.seed(value)
+        torch.manual_seed(value)
+        try:
+            yield
+        finally:
+            random.setstate(state)
 
 
 class ImageStreamLoader:
@@ -148,8 +165,6 @@ class ImageStreamLoader:
                        "index": torch.tensor([i["index"] for i in items], dtype=torch.long)}
 
     def _item(self, numbered: tuple[int, dict[str, Any]]) -> dict[str, Any] | None:
-        from framework.data.images import seeded
-
         n, row = numbered
         try:
             where = row.get("__key__") or f"image {n} of rank {self.rank}"
@@ -292,4 +307,4 @@ def val_items(data: Any, transform: Any, limit: int = VAL_IMAGES) -> list[dict[s
     return items
 
 
-__all__ = ["ImageStreamLoader", "held_out", "open_stream", "setup_stream", "val_items"]
+__all__ = ["ImageStreamLoader", "held_out", "open_stream", "seeded", "setup_stream", "val_items"]

@@ -13,15 +13,12 @@ in the loader's worker processes (`num_workers`).
 
 from __future__ import annotations
 
-import contextlib
-import random
-from collections.abc import Iterator
 from typing import Any
 
-import torch
 from torch.utils.data import Dataset
 
 from framework.data.image_sources import ImageSource, open_images
+from framework.data.image_stream import seeded
 from framework.data.packing import fingerprint
 from framework.data.resumable import SplitData
 from framework.data.sources import VAL_SPLITS
@@ -51,20 +48,6 @@ class EpochClock:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"trainer": None, "frozen": self.epoch()}
-
-
-@contextlib.contextmanager
-def seeded(value: int) -> Iterator[None]:
-    """Python's and torch's global generators seeded with `value` (what timm's transforms draw from), and put back
-    afterwards: the training process's own random state is untouched."""
-    state = random.getstate()
-    with torch.random.fork_rng(devices=[]):
-        random.seed(value)
-        torch.manual_seed(value)
-        try:
-            yield
-        finally:
-            random.setstate(state)
 
 
 class ImageItems(Dataset):

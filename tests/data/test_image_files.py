@@ -65,3 +65,19 @@ def test_file_digest_follows_the_content_not_the_name(tmp_path):
     assert file_digest(a) == file_digest(b) and len(file_digest(a)) == 32
     _jpeg(b, colour=(0, 0, 255))
     assert file_digest(a) != file_digest(b)
+
+
+def test_check_image_refuses_what_load_image_refuses_without_decoding_a_jpeg_whole(tmp_path):
+    import numpy as np
+
+    from framework.data.image_files import check_image
+
+    noise = np.random.default_rng(0).integers(0, 255, (256, 256, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(tmp_path / "big.jpg", quality=90)
+    raw = (tmp_path / "big.jpg").read_bytes()
+    check_image(tmp_path / "big.jpg")
+    for cut in (len(raw) // 2, len(raw) - 10):
+        with pytest.raises(BadImage, match="cut: truncated"):
+            check_image(raw[:cut], name="cut")
+    with pytest.raises(BadImage, match="not an image"):
+        check_image(b"plain text", name="t.png")

@@ -8,6 +8,7 @@ import json
 import random
 from pathlib import Path
 
+import datasets  # noqa: F401 - imported before the `hub` fixture starts, as in a user's session: the patch repoints it
 import numpy as np
 import pytest
 import torch
@@ -48,6 +49,30 @@ def test_the_module_states_classes_and_shape_and_holds_out_every_tenth_image(dig
     val = data.val_set[1]
     assert val["y"] == data.source.label(10) and torch.equal(val["x"], data.val_set[1]["x"])
     assert ImageData(str(digits), batch_size=8, val_fraction=0.1).fingerprint == data.fingerprint
+
+
+def test_a_hub_image_dataset_by_name_validates_on_its_own_test_split(tmp_path, hub):
+    from datasets import ClassLabel, Dataset, Features
+    from datasets import Image as ImageFeature
+
+    repo = "me/digit-images"
+    hub.api.create_repo(repo, repo_type="dataset")
+    up = tmp_path / "up" / "data"
+    up.mkdir(parents=True)
+    features = Features({"image": ImageFeature(), "label": ClassLabel(names=["zero", "one", "two"])})
+    tree = digits_pngs(tmp_path / "pngs", n=30)
+    for split, part in (("train", slice(0, 24)), ("test", slice(24, 30))):
+        files = sorted(tree.rglob("*.png"))[part]
+        rows = {"image": [str(f) for f in files], "label": [int(f.parent.name) for f in files]}
+        Dataset.from_dict(rows, features=features).to_parquet(up / f"{split}-00000-of-00001.parquet")
+    sha = hub.api.upload_folder(folder_path=up.parent, repo_id=repo, repo_type="dataset").oid
+    data = ImageData(repo, batch_size=8, cache_dir=str(tmp_path / "c"))
+    assert data.val_split == "test" and data.classes == ["zero", "one", "two"]
+    assert (len(data.train_rows), len(data.val_rows)) == (24, 6)
+    data.setup()
+    record = data.record()
+    assert record["dataset"] == repo and record["sha"] == sha and record["revision"] == "main"
+    assert data.val_set[0]["x"].shape == (3, 32, 32) and data.val_set[0]["y"] == data.val_source.label(0)
 
 
 def test_the_models_data_config_sets_size_interpolation_and_normalisation(digits):
@@ -207,11 +232,16 @@ def test_a_resumed_loader_with_workers_continues_the_epoch_it_was_stopped_in(dig
         assert torch.equal(a["index"], b["index"]) and torch.equal(a["x"], b["x"])
 
 
-@pytest.mark.slow  # three CLI runs (~10 s); the loader's part of it is the test above
-def test_a_run_killed_mid_epoch_resumes_to_the_same_next_batches(digits, tmp_path):
-    """Augmented batches decoded in a worker process: the run killed at step 6 (epoch 1 of 4-step epochs) and
-    resumed from its last checkpoint takes the uninterrupted run's batches bit for bit, and ends with its weights."""
-    args = [*TINY, f"data.source={digits}", "data.batch_size=12", "data.num_workers=1", "trainer.max_steps=10",
+@pytest.mark.slow  # three CLI runs (~10 s); the loader's part of it is the test above (and the stream's, below)
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_run_killed_mid_epoch_resumes_to_the_same_next_batches(digits, tmp_path, streamed):
+    """Augmented batches decoded in a worker process (a thread pool, streamed): the run killed at step 6 (epoch 1
+    of 4-step epochs) and resumed from its last checkpoint takes the uninterrupted run's batches bit for bit, and
+    ends with its weights."""
+    source = ["data.streaming=true", f"data.source={webdataset_shards(tmp_path / 'wds', per=12, bad=None)}",
+              "data.class_map={0:0,1:1,2:2}", "data.batch_size=8", "data.val_split=null"] if streamed else \
+        [f"data.source={digits}", "data.batch_size=12"]
+    args = [*TINY, *source, "data.num_workers=1", "trainer.max_steps=10",
             "callbacks.checkpoint.every_n_train_steps=1", "+callbacks.batches._target_=support.batch_log.BatchLog"]
     full, cut, resumed = (tmp_path / name for name in ("full", "cut", "resumed"))
     ref = start_cli([*args, f"+callbacks.batches.path={full}.jsonl", f"hydra.run.dir={full}"])
