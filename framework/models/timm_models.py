@@ -41,6 +41,7 @@ def timm_model(name: str = "resnet18", pretrained: bool = False, num_classes: in
         model = timm.create_model(name, pretrained=fetch, **args)
     except TypeError as err:
         raise InputError(f"model.name={name}: timm could not build it with {_shown(args)}: {err}") from err
+    _check_patches(name, model, input_shape)
     model.init_config = {"name": name, "pretrained": False, "num_classes": num_classes,
                          "input_shape": None if input_shape is None else [int(s) for s in input_shape], **kwargs}
     return model
@@ -155,6 +156,20 @@ def _fixed_size(timm: Any, name: str) -> bool:
         cfg, _, _ = load_model_config_from_hf(name[len(HUB_PREFIX):])
         return bool(cfg.get("fixed_input_size"))
     return bool(timm.models.get_pretrained_cfg_value(name, "fixed_input_size"))
+
+
+def _check_patches(name: str, model: nn.Module, input_shape: Any) -> None:
+    """InputError when the data's images do not tile into the model's patches (a ViT's 16x16 on 8x8 digits), which
+    timm would only meet at the first forward."""
+    embed = getattr(model, "patch_embed", None)
+    patch = getattr(embed, "patch_size", None)
+    if not input_shape or not patch or getattr(embed, "dynamic_img_pad", False):
+        return
+    size, patch = tuple(int(s) for s in input_shape[1:]), tuple(int(p) for p in patch)
+    if any(s % p for s, p in zip(size, patch, strict=True)):
+        sizes = "x".join(map(str, size))
+        raise InputError(f"model.name={name}: the data's {sizes} images do not tile into its {patch[0]}x{patch[1]} "
+                         f"patches; give a patch size that divides {sizes} (e.g. +model.patch_size=2) or larger images")
 
 
 def _building_on_meta() -> bool:

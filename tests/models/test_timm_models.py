@@ -106,10 +106,12 @@ def _refusal(capsys, tmp_path, *args: str) -> str:
     return err
 
 
-def test_an_unknown_timm_name_is_refused_in_one_line_with_did_you_mean(capsys, tmp_path):
+def test_an_unknown_timm_name_or_a_patch_size_the_images_do_not_tile_is_refused_in_one_line(capsys, tmp_path):
     err = _refusal(capsys, tmp_path, "model.name=resnt10t")
     assert re.match(r"error: .*model\.name=resnt10t: timm [\d.]+ has no such model\. Did you mean 'resnet10t'",
                     err), err
+    err = _refusal(capsys, tmp_path, "model.name=test_vit")  # 16x16 patches, 8x8 digits: timm fails at step 1
+    assert "the data's 8x8 images do not tile into its 16x16 patches" in err and "+model.patch_size=2" in err, err
 
 
 def test_a_hub_id_that_is_not_a_timm_model_is_refused_naming_what_it_is(hub, online, capsys, tmp_path):
@@ -234,15 +236,23 @@ with torch.no_grad():
 """
 
 
-def test_the_cli_trains_a_timm_model_on_the_digits_and_timm_opens_its_push_in_a_fresh_process(hub, online, tmp_path):
+def test_the_cli_trains_a_timm_model_on_the_digits_and_timm_opens_its_push_in_a_fresh_process(hub, online, tmp_path,
+                                                                                                monkeypatch):
     """The run dir's push (what `hub.repo_id=` does once the run has finished: `push_to_hub(run_dir)`; the CLI
     round trip with the Hub itself is `test_the_runs_own_push_...` under make test-slow) is in timm's format."""
     from huggingface_hub import hf_hub_download
+    from support.warm_cli import BASE_ENV
 
     from framework.hub import push_to_hub
 
     run = tmp_path / "run"
-    proc = run_cli(*DIGITS, "model.name=resnet10t", "optimizer=olion", f"hydra.run.dir={run}")
+    with monkeypatch.context() as env:  # the training talks to no Hub: the tests' own environment, a warm CLI
+        for key in [k for k in os.environ if k.startswith("HF_")]:
+            if key in BASE_ENV:
+                env.setenv(key, BASE_ENV[key])
+            else:
+                env.delenv(key)
+        proc = run_cli(*DIGITS, "model.name=resnet10t", "optimizer=olion", f"hydra.run.dir={run}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     push_to_hub(run, "local-user/timm-digits")
     config = json.loads(Path(hf_hub_download("local-user/timm-digits", "config.json")).read_text())
