@@ -150,6 +150,10 @@ BAD: dict[tuple[str, str], tuple | None] = {
                                    r"top_k=5 must be between 1 and num_experts=4"),
     ("callback", "orthogonal_growth"): (list, {"depth_factor": 0}, r"depth_factor=0 must be an integer >= 1"),
     ("strategy", "fsdp2"): (list, {"tensor_parallel_size": 2}, r"tensor_parallel_size=2: .* valid: 1"),
+    # your own images (issue 45)
+    ("model", "timm"): (list, {"name": "resnet181", "num_classes": 10, "input_shape": [3, 32, 32]},
+                        r"model.name=resnet181: timm [\d.]+ has no such model\. Did you mean 'resnet18'"),
+    ("data", "images"): (list, {"source": "photos", "val_fraction": 1.5}, r"data.val_fraction=1\.5 must be in \(0, 1\)"),
 }
 
 

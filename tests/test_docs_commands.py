@@ -39,6 +39,9 @@ SKIPPED = {
     "data.source=my-org/my-corpus": "the reader's Hub dataset (tests/data/test_user_text.py pushes one locally)",
     "framework.metrics my_images/": "the reader's own image folders (tests/metrics/test_image_cli.py writes such "
                                     "folders, pushes a timm encoder and a Hub image dataset locally, scores them)",
+    "timm.create_model('hf-hub:local-user/timm-digits'": "timm itself opening the run's push (README.md's images "
+                                                          "lines run it as printed; tests/models/test_timm_models.py "
+                                                          "opens a push in a fresh process)",
 }
 #: placeholder → how the session fills it (from what the doc's earlier commands wrote in `cwd`)
 PLACEHOLDERS: dict[str, Callable[[Path], str]] = {

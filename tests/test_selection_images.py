@@ -49,7 +49,8 @@ def test_the_tree_holds_the_digits_with_the_stated_noise_and_two_policies_train_
     saved = json.loads((out / "selection_images.json").read_text())
     assert saved["summary"] == json.loads(json.dumps(record["summary"]))
     for row in saved["runs"]:
-        results = json.loads((work / "runs" / "digits16_noise20" / "seed0" / row["policy"] / "results.json").read_text())
+        run_dir = work / "runs" / "digits16_noise20" / "seed0" / row["policy"]
+        results = json.loads((run_dir / "results.json").read_text())
         assert row["acc"] == 100 * results["metrics"]["test/val/acc"] and row["steps"] == results["global_step"] > 0
         assert 2.0 <= row["seconds"] < 6.0  # stopped by the budget, not by running out of epochs
         assert results["data"]["validation"] == "test" and results["data"]["val_images"] == 20

@@ -21,7 +21,7 @@ image folder with a timm model").
     python tools/experiments/selection_images.py [--seeds 0 1 2] [--budget 20] [--noise 0 0.2] [--out DIR]
         [--work DIR] [--quick]
 
-`--quick`: a 300-image tree at 16x16, `full` and `random`, one seed, a 2-second budget (the test's size).
+`--quick`: a 100-image tree at 16x16, `full` and `random`, one seed, a 2-second budget (the test's size).
 """
 
 from __future__ import annotations
@@ -195,9 +195,9 @@ if __name__ == "__main__":
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "experiments" / "selection_images")
     ap.add_argument("--work", type=Path, default=REPO / "runs" / "experiments" / "selection_images" / "work",
                     help="where the image trees and the run dirs go")
-    ap.add_argument("--quick", action="store_true", help="300 images at 16x16, full and random, 1 seed, 2 s")
+    ap.add_argument("--quick", action="store_true", help="100 images at 16x16, full and random, 1 seed, 2 s")
     a = ap.parse_args()
     if a.quick:
-        main(a.out, a.work, [0], 2, [0.2], ("full", "random"), size=16, limit=300)
+        main(a.out, a.work, [0], 2, [0.2], ("full", "random"), size=16, limit=100)
     else:
         main(a.out, a.work, a.seeds, a.budget, a.noise, tuple(a.policies), a.size)
