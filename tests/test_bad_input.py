@@ -153,7 +153,8 @@ BAD: dict[tuple[str, str], tuple | None] = {
     # your own images (issue 45)
     ("model", "timm"): (list, {"name": "resnet181", "num_classes": 10, "input_shape": [3, 32, 32]},
                         r"model.name=resnet181: timm [\d.]+ has no such model\. Did you mean 'resnet18'"),
-    ("data", "images"): (list, {"source": "photos", "val_fraction": 1.5}, r"data.val_fraction=1\.5 must be in \(0, 1\)"),
+    ("data", "images"): (list, {"source": "photos", "val_fraction": 1.5},
+                         r"data.val_fraction=1\.5 must be in \(0, 1\)"),
 }
 
 

@@ -13,24 +13,11 @@ import datasets  # noqa: F401 - imported before the `hub` fixture starts, as in 
 import numpy as np
 import pytest
 from PIL import Image
+from support.digit_images import digits_pngs
 
 from framework.data.image_files import BadImage
 from framework.data.image_sources import open_images
 from framework.errors import InputError
-
-
-def digits_pngs(folder, n=40, classes=(0, 1, 2), size=16, suffix="png"):
-    """scikit-learn's first `n` digits of `classes`, as `size`-pixel images in `folder/<digit>/<i>.<suffix>`."""
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    picked = [i for i in range(len(data.target)) if data.target[i] in classes][:n]
-    for i in picked:
-        sub = folder / str(data.target[i])
-        sub.mkdir(parents=True, exist_ok=True)
-        pixels = (data.images[i] * 16).clip(0, 255).astype(np.uint8)
-        Image.fromarray(pixels).resize((size, size)).save(sub / f"{i:04d}.{suffix}")
-    return folder
 
 
 def _png_bytes(value: int) -> bytes:

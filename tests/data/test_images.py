@@ -15,28 +15,16 @@ import torch
 from helpers import KILL, finish, start_cli, train_state
 from helpers import assert_same_state as assert_same
 from PIL import Image
+from support.digit_images import digits_pngs
 from torch.utils.data import DataLoader
 
 from framework.data.images import ImageData
 from framework.errors import InputError
 
 
-def digits_pngs(folder: Path, n: int = 60, classes=(0, 1, 2), size: int = 16) -> Path:
-    """scikit-learn's first `n` digits of `classes` as `size`-pixel PNGs in `folder/<digit>/<i>.png`."""
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    picked = [i for i in range(len(data.target)) if data.target[i] in classes][:n]
-    for i in picked:
-        (folder / str(data.target[i])).mkdir(parents=True, exist_ok=True)
-        pixels = (data.images[i] * 16).clip(0, 255).astype(np.uint8)
-        Image.fromarray(pixels).resize((size, size)).save(folder / str(data.target[i]) / f"{i:04d}.png")
-    return folder
-
-
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory) -> Path:
-    return digits_pngs(tmp_path_factory.mktemp("images") / "digits")
+    return digits_pngs(tmp_path_factory.mktemp("images") / "digits", n=60)
 
 
 def test_the_module_states_classes_and_shape_and_holds_out_every_tenth_image(digits):

@@ -1,0 +1,104 @@
+"""README's "Your own images" section, run as printed against the local Hub: every command line verbatim, in one
+folder, each in a fresh `python` process, with the shell's environment. The folder holds what the section says a
+reader has: `my_images/` (one folder per class of PNG files: scikit-learn's digits), `my_samples/` (other digits,
+noisier: the "generated" side), and on the Hub an image dataset `local-user/my-images` (parquet, an image and a
+ClassLabel column, train and test splits). Each line must exit 0 and give what the section says it gives."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from helpers import REPO
+from support import warm_cli
+from support.digit_images import digits_pngs
+
+pytest.importorskip("datasets")
+
+SECTION = "## Your own images"
+CLASSES = tuple(range(10))
+
+
+def _lines() -> list[list[str]]:
+    body = (REPO / "README.md").read_text().split(SECTION, 1)[1]
+    body = re.split(r"^## ", body, maxsplit=1, flags=re.M)[0]
+    blocks = re.findall(r"^```bash\n(.*?)^```", body, flags=re.M | re.S)
+    return [shlex.split(line) for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def _reader_files(cwd, hub) -> None:
+    """The reader's folders in `cwd` and their image dataset on the Hub."""
+    from datasets import ClassLabel, Dataset, Features
+    from datasets import Image as ImageFeature
+    from PIL import Image
+
+    digits_pngs(cwd / "my_images", n=150, classes=CLASSES, size=32)
+    samples = digits_pngs(cwd / "my_samples", n=60, classes=CLASSES, size=32, start=150)
+    rng = np.random.default_rng(0)
+    for f in sorted(samples.rglob("*.png")):  # "generated": the other digits, with pixel noise
+        pixels = np.asarray(Image.open(f), dtype=np.float32) + rng.normal(0, 40, (32, 32))
+        Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(f)
+    tree = digits_pngs(cwd / "hub_pngs", n=120, classes=CLASSES, size=32, start=300)
+    files = sorted(tree.rglob("*.png"))
+    up = cwd / "hub_dataset" / "data"
+    up.mkdir(parents=True)
+    features = Features({"image": ImageFeature(), "label": ClassLabel(names=[str(c) for c in CLASSES])})
+    for split, part in (("train", slice(0, 100)), ("test", slice(100, 120))):
+        rows = {"image": [str(f) for f in files[part]], "label": [int(f.parent.name) for f in files[part]]}
+        Dataset.from_dict(rows, features=features).to_parquet(up / f"{split}-00000-of-00001.parquet")
+    hub.api.create_repo("local-user/my-images", repo_type="dataset", exist_ok=True)
+    hub.api.upload_folder(repo_id="local-user/my-images", repo_type="dataset", folder_path=str(up.parent))
+
+
+def _results(cwd, before: set) -> dict:
+    new = sorted(set((cwd / "outputs").rglob("results.json")) - before)
+    assert len(new) == 1, new
+    return json.loads(new[0].read_text())
+
+
+def _run(argv: list[str], cwd, env: dict, small: bool) -> subprocess.CompletedProcess:
+    """The line in a fresh `python` (as printed); at the small size a `framework.train` line runs 2 steps in a
+    process forked from a warm one (`support.warm_cli`: the same module as `__main__`, less the import time)."""
+    if small and argv[1:3] == ["-m", "framework.train"]:
+        return warm_cli.run(argv[2], [*argv[3:], "trainer.max_steps=2"], env, cwd, timeout=600)
+    return subprocess.run([sys.executable, *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("small", [pytest.param(False, marks=pytest.mark.slow, id="as-printed"),
+                                   pytest.param(True, marks=pytest.mark.long, id="small")])
+def test_the_your_own_images_section_runs_as_printed(tmp_path, hub, small):
+    """As printed (make test-slow); in `make test` the same lines with the training runs cut to 2 steps."""
+    lines = _lines()
+    assert len(lines) == 4 and all(argv[0] == "python" for argv in lines), lines
+    cwd = tmp_path / "reader"
+    cwd.mkdir()
+    _reader_files(cwd, hub)
+    env = {**{k: v for k, v in os.environ.items() if k != "FRAMEWORK_SMOKE"}, "HF_ENDPOINT": hub.url,
+           "HF_TOKEN": "dummy", "HF_HOME": str(tmp_path / "hf_home"), "OMP_NUM_THREADS": "1",
+           "FRAMEWORK_DATA_CACHE": str(tmp_path / "data_cache")}
+    outputs = []
+    for argv in lines:
+        before = set((cwd / "outputs").rglob("results.json")) if (cwd / "outputs").exists() else set()
+        proc = _run(argv, cwd, env, small)
+        assert proc.returncode == 0, (argv, proc.stderr[-3000:])
+        outputs.append(_results(cwd, before) if argv[1:3] == ["-m", "framework.train"] else proc.stdout)
+    trained, opened, tuned, scored = outputs
+    assert trained["data"]["dataset"] == "my_images/" and trained["data"]["classes"] == 10
+    assert trained["data"]["images"] == 150 and trained["data"]["input_size"] == [3, 64, 64]
+    pushed = hub.api.list_repo_files("local-user/my-classifier")
+    assert {"config.json", "model.safetensors"} <= set(pushed), pushed
+    assert opened.split()[-4:] == ["10", "(3,", "64,", "64)"], opened  # timm's own loader: 10 classes, 64x64
+    assert tuned["data"]["dataset"] == "local-user/my-images" and tuned["data"]["validation"] == "test"
+    assert tuned["data"]["sha"] == hub.api.dataset_info("local-user/my-images").sha
+    assert (tuned["data"]["train_images"], tuned["data"]["val_images"]) == (100, 20)
+    report = json.loads(scored[scored.index("{"):])
+    assert report["n_real"] == 150 and report["n_fake"] == 60 and report["feature"]["name"].endswith("my-classifier")
+    assert "real" in json.dumps(report["roles"]) and {"raw", "corrected", "hubness"} <= set(report)
+    assert all(0.0 <= report["raw"][m] for m in ("precision", "recall", "density", "coverage"))
+    assert (cwd / "samples.png").stat().st_size > 10_000
