@@ -16,7 +16,6 @@ import sys
 import numpy as np
 import pytest
 from helpers import REPO
-from support import warm_cli
 from support.digit_images import digits_pngs
 
 pytest.importorskip("datasets")
@@ -62,18 +61,35 @@ def _results(cwd, before: set) -> dict:
     return json.loads(new[0].read_text())
 
 
-def _run(argv: list[str], cwd, env: dict, small: bool) -> subprocess.CompletedProcess:
-    """The line in a fresh `python` (as printed); at the small size a `framework.train` line runs 2 steps in a
-    process forked from a warm one (`support.warm_cli`: the same module as `__main__`, less the import time)."""
+def _run(argv: list[str], cwd, env: dict, small: bool, monkeypatch, capsys) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of the line in a fresh `python`, as printed. At the small size a `framework.train`
+    line runs 2 steps (still fresh: a Hub environment starts the CLI fresh), and the `python -c` and
+    `framework.metrics` lines run in this process, on the same files and Hub (tests/metrics/test_image_cli.py runs
+    the metrics CLI in a fresh process in make test)."""
     if small and argv[1:3] == ["-m", "framework.train"]:
-        return warm_cli.run(argv[2], [*argv[3:], "trainer.max_steps=2"], env, cwd, timeout=600)
-    return subprocess.run([sys.executable, *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+        argv = [*argv, "trainer.max_steps=2"]
+    elif small:
+        from huggingface_hub import constants
+
+        from framework.metrics.__main__ import main
+
+        with monkeypatch.context() as m:
+            m.chdir(cwd)
+            m.setattr(constants, "HF_HUB_OFFLINE", False)
+            m.setenv("FRAMEWORK_DATA_CACHE", env["FRAMEWORK_DATA_CACHE"])
+            capsys.readouterr()
+            code = main(argv[3:]) if argv[1:3] == ["-m", "framework.metrics"] else exec(argv[2]) or 0
+            out, err = capsys.readouterr()
+        return code, out, err
+    proc = subprocess.run([sys.executable, *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 @pytest.mark.parametrize("small", [pytest.param(False, marks=pytest.mark.slow, id="as-printed"),
                                    pytest.param(True, marks=pytest.mark.long, id="small")])
-def test_the_your_own_images_section_runs_as_printed(tmp_path, hub, small):
-    """As printed (make test-slow); in `make test` the same lines with the training runs cut to 2 steps."""
+def test_the_your_own_images_section_runs_as_printed(tmp_path, hub, small, monkeypatch, capsys):
+    """As printed (make test-slow); in `make test` the same lines with the training runs cut to 2 steps and the two
+    short lines run in this process."""
     lines = _lines()
     assert len(lines) == 4 and all(argv[0] == "python" for argv in lines), lines
     cwd = tmp_path / "reader"
@@ -85,9 +101,9 @@ def test_the_your_own_images_section_runs_as_printed(tmp_path, hub, small):
     outputs = []
     for argv in lines:
         before = set((cwd / "outputs").rglob("results.json")) if (cwd / "outputs").exists() else set()
-        proc = _run(argv, cwd, env, small)
-        assert proc.returncode == 0, (argv, proc.stderr[-3000:])
-        outputs.append(_results(cwd, before) if argv[1:3] == ["-m", "framework.train"] else proc.stdout)
+        code, out, err = _run(argv, cwd, env, small, monkeypatch, capsys)
+        assert code == 0, (argv, err[-3000:])
+        outputs.append(_results(cwd, before) if argv[1:3] == ["-m", "framework.train"] else out)
     trained, opened, tuned, scored = outputs
     assert trained["data"]["dataset"] == "my_images/" and trained["data"]["classes"] == 10
     assert trained["data"]["images"] == 150 and trained["data"]["input_size"] == [3, 64, 64]
