@@ -1,5 +1,5 @@
-"""DataModules: the built-in ones ship with Python or a package, or are generated (nothing is downloaded); `text`
-reads the user's own files or Hub dataset."""
+"""DataModules: the built-in ones ship with Python or a package, or are generated (nothing is downloaded); `text` and
+`chat` read the user's own files or Hub dataset, `images` their own image folders, tables, shards or Hub dataset."""
 
 from framework.data.text import ByteCorpus
 from framework.registry import DATA

@@ -27,7 +27,10 @@ def reference(tmp_path_factory):
     return ref
 
 
-@pytest.mark.parametrize(("name", "code"), [("SIGTERM", 143), ("SIGUSR1", 138), ("SIGINT", 130)])
+# make test sends SIGUSR1 (a cluster's requeue signal); the others take the same handler (make test-slow; Ctrl-C's
+# checkpoint and resume command are also in tests/test_bad_input.py)
+@pytest.mark.parametrize(("name", "code"), [pytest.param("SIGTERM", 143, marks=pytest.mark.slow), ("SIGUSR1", 138),
+                                            pytest.param("SIGINT", 130, marks=pytest.mark.slow)])
 def test_a_signal_saves_records_exits_with_its_code_and_the_same_command_resumes_bitwise(
         reference, tmp_path, name, code):
     run = tmp_path / "run"

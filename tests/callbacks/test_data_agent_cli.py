@@ -38,7 +38,8 @@ def test_cli_run_resumed_mid_epoch_ends_bitwise_equal_including_the_agent(cli, t
 
 
 @pytest.mark.parametrize(("sampler", "kill"), [pytest.param("data_agent", 7, marks=pytest.mark.slow),
-                                               ("data_agent_staleness", 7), ("data_agent_amortised", 3)])
+                                               pytest.param("data_agent_staleness", 7, marks=pytest.mark.slow),
+                                               ("data_agent_amortised", 3)])
 def test_a_sigkilled_agent_run_resumes_bitwise_equal_through_a_selection_made_after_training(tmp_path, sampler, kill):
     # digits at batch 128: pruned epochs 0 and 1 of 5 batches (epoch 1's selection comes from the agent's scores,
     # and for the variant from its staleness bonus), then a full epoch of 10; killed at step 7, inside epoch 1 (the

@@ -34,7 +34,13 @@ def _args(family: str, folder) -> list[str]:
     return ["recipe=char_lm", "model=hf_causal_lm", f"model.name_or_path={folder}", *olion, *SMALL]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+#: make test kills and resumes one dense causal family, one MoE and one masked LM (the three code paths: causal_lm,
+#: the router's state, mdlm); the other families take the same paths (make test-slow runs them)
+RESUMED_IN_MAKE_TEST = ("llama", "mixtral", "bert")
+
+
+@pytest.mark.parametrize("family", [f if f in RESUMED_IN_MAKE_TEST else pytest.param(f, marks=pytest.mark.slow)
+                                    for f in FAMILIES])
 def test_each_family_killed_mid_run_resumes_bitwise_equal(folders, family, tmp_path):
     """OLion's state (momentum, the AdamW branch's moments) included; the data is the model's own tokenizer's."""
     args = _args(family, folders[family])
