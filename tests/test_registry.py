@@ -117,15 +117,14 @@ def test_every_kind_has_one_registry_with_a_hydra_group():
     assert set(GROUPS) == {r.group for r in KINDS.values()} - {"trainer.strategy"}  # a Trainer value, not a group
 
 
-def test_ls_lists_the_fsdp2_strategy_lightning_takes_by_name():
-    import subprocess
-    import sys
-
+def test_ls_lists_the_fsdp2_strategy_lightning_takes_by_name(capsys):
+    """(`python -m framework.ls` in a fresh process: tests/test_conf.py and tests/test_errors.py)"""
     from lightning.pytorch.strategies import StrategyRegistry
 
-    out = subprocess.run([sys.executable, "-m", "framework.ls", "strategy"], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0 and out.stdout.strip() == "strategy: fsdp2", out.stderr[-2000:]
+    from framework.ls import main
+
+    assert main(["strategy"]) == 0
+    assert capsys.readouterr().out.strip() == "strategy: fsdp2"
     import framework.strategies  # noqa: F401 - registers it with Lightning too
 
     assert "fsdp2" in StrategyRegistry.available_strategies()

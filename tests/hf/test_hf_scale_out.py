@@ -39,7 +39,7 @@ def _trained(folder, tmp_path, args: list[str], name: str) -> dict[str, torch.Te
 
 
 @pytest.mark.ddp
-@pytest.mark.slow  # `make test` runs OLion's DDP and FSDP2 below; this adds the one-process run beside DDP
+@pytest.mark.slow  # with OLion's DDP and FSDP2 below (make test runs DDP and FSDP2 on the framework's own models)
 @pytest.mark.parametrize("optimizer", ["adamw", "olion"])
 def test_ddp_on_an_hf_model_ends_where_one_process_ends(folder, tmp_path, optimizer):
     """The data shards each global batch of 8 rows over the ranks (4 each): one process with batch 8 trains on the
@@ -59,7 +59,7 @@ def test_ddp_on_an_hf_model_ends_where_one_process_ends(folder, tmp_path, optimi
 
 
 @pytest.mark.ddp
-@pytest.mark.long
+@pytest.mark.slow  # ~18 s; make test runs OLion on FSDP2 through the CLI in tests/test_strategies.py
 def test_fsdp2_on_an_hf_model_ends_bitwise_where_ddp_ends_with_olion(folder, tmp_path):
     """FSDP2 (each decoder layer its own unit) with OLion, the harder case: its round-robin Newton–Schulz on gathered
     matrices, its AdamW branch on the rest, ends bitwise where DDP ends."""

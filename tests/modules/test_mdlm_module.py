@@ -29,6 +29,7 @@ def test_mdlm_run_resumed_mid_epoch_ends_with_the_same_weights(cli, tmp_path):
 
 
 @pytest.mark.ddp
+@pytest.mark.slow  # make test runs two-process DDP through char_lm, the agents, the streamed text and FSDP2
 def test_mdlm_recipe_runs_under_two_process_ddp(cli, tmp_path):
     proc = cli(*NEEDLE, "trainer.max_steps=6", "trainer.strategy=ddp", "trainer.devices=2",
                "trainer.accelerator=cpu",
