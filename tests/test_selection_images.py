@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 
+import pytest
 from helpers import REPO, run_cli
 from PIL import Image
 
@@ -55,6 +56,10 @@ def test_the_tree_holds_the_digits_with_the_stated_noise_and_two_policies_train_
         assert 2.0 <= row["seconds"] < 6.0  # stopped by the budget, not by running out of epochs
         assert results["data"]["validation"] == "test" and results["data"]["val_images"] == 20
     full, rand = saved["summary"]
-    assert (full["cost"], rand["cost"]) == (1.0, 0.5) and rand["epochs"] > full["epochs"]
+    assert (full["cost"], rand["cost"]) == (1.0, 0.5)
+    # random's epochs pass over half the images (at this size an epoch's own overhead, not its steps, may set how
+    # many epochs fit in the budget, so the epoch counts are not compared)
+    per_epoch = {r["policy"]: r["samples"] / r["epochs"] for r in (full, rand)}
+    assert per_epoch["random"] == pytest.approx(0.5 * per_epoch["full"], rel=0.1), per_epoch
     table = (out / "selection_images.md").read_text()
     assert f"| digits16_noise20 | random | {rand['acc']:.2f} ± 0.00 (n=1) | {rand['delta']:+.2f} |" in table
