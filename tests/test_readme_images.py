@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 from helpers import REPO
+from support import warm_cli
 from support.digit_images import digits_pngs
 
 pytest.importorskip("datasets")
@@ -63,12 +64,13 @@ def _results(cwd, before: set) -> dict:
 
 def _run(argv: list[str], cwd, env: dict, small: bool, monkeypatch, capsys) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of the line in a fresh `python`, as printed. At the small size a `framework.train`
-    line runs 2 steps (still fresh: a Hub environment starts the CLI fresh), and the `python -c` and
+    line runs 2 steps in a process forked from a warm one (`support.warm_cli`), and the `python -c` and
     `framework.metrics` lines run in this process, on the same files and Hub (tests/metrics/test_image_cli.py runs
     the metrics CLI in a fresh process in make test)."""
     if small and argv[1:3] == ["-m", "framework.train"]:
-        argv = [*argv, "trainer.max_steps=2"]
-    elif small:
+        proc = warm_cli.run(argv[2], [*argv[3:], "trainer.max_steps=2"], env, cwd, timeout=600)
+        return proc.returncode, proc.stdout, proc.stderr
+    if small:
         from huggingface_hub import constants
 
         from framework.metrics.__main__ import main

@@ -114,6 +114,7 @@ def test_an_mdlm_on_a_model_whose_tokenizer_has_no_mask_token_is_refused(tmp_pat
     assert "no mask token" in err and "hf_masked_lm" in err
 
 
+@pytest.mark.slow  # make test: the same refusals in test_bad_models_are_refused_before_anything_is_written
 def test_a_folder_without_config_json_through_the_real_command(tmp_path):
     """As a user meets it: a separate process, its exit code and its one `error:` line; no run dir."""
     run, empty = tmp_path / "run", tmp_path / "empty"

@@ -143,7 +143,9 @@ def test_the_serving_section_runs_exactly_as_printed(hub, tmp_path):
     _check_serving(hub, printed, ran)
 
 
-@pytest.mark.long
+# make test-slow (~22 s): make test checks the allocation files and the mixed cache in tests/probes/test_allocation.py,
+# test_pattern_files.py and the generate CLI in tests/test_generate.py
+@pytest.mark.slow
 def test_the_serving_section_runs_as_printed(hub, tmp_path):
     """The probe's allocation travels with the model, in both layouts; the CLI and transformers' generate() decode
     with it, and hold fewer bytes than the full cache."""
