@@ -164,6 +164,7 @@ def test_a_swapped_group_leaves_out_the_size_presets_values_it_does_not_take(hyd
     assert _job("recipe=char_lm", "size=smoke")["model"]["dim"] == 32  # put back for the rest of the process
 
 
+@pytest.mark.slow  # a fresh process (~7 s); make test composes and trains a YAML recipe from a searchpath folder above
 def test_a_yaml_recipe_in_the_apps_own_conf_folder_composes_by_name(tmp_path):
     """conf/recipe/NAME.yaml: the app's folder goes through Hydra's ConfigStore (`load_conf(store=True)`)."""
     (tmp_path / "recipe").mkdir()

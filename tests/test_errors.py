@@ -88,9 +88,9 @@ def test_a_token_never_reaches_the_error_line(capsys, monkeypatch):
     assert "hf_secret" not in capsys.readouterr().err
 
 
-# each in a fresh process with a bare environment (about 6-12 s each on 2 cores); the six in `make test-slow` have a
+# each in a fresh process with a bare environment (about 6-12 s each on 2 cores); the seven in `make test-slow` have a
 # bad-input test of their `main()` in `make test` (test_train_cli, test_metric, test_generate,
-# growth/test_growth_callback, test_hub, hf/test_kv_generate_cli)
+# growth/test_growth_callback, test_hub, hf/test_kv_generate_cli, data/test_user_text)
 COMMAND_LINES = {
     "framework.train": ["recipe=char_lmm"],
     "framework.ls": ["optimiser"],
@@ -99,6 +99,7 @@ COMMAND_LINES = {
     "framework.grow": ["{tmp}/no-run", "--out", "{tmp}/out"],
     "framework.hub": ["push", "{tmp}", "local-user/x"],
     "framework.kv_generate": ["{tmp}/no-model", "--ids", "1 2 3"],
+    "framework.data": ["prepare", "recipe=char_lm", "data=text", "data.source={tmp}/no-such-corpus"],
 }
 
 

@@ -80,9 +80,21 @@ def _results(cwd, before: set) -> dict:
     return json.loads(new[0].read_text())
 
 
-def _run(argv: list[str], cwd, env: dict, smoke: bool) -> subprocess.CompletedProcess:
+def _run(argv: list[str], cwd, env: dict, smoke: bool, monkeypatch, capsys) -> subprocess.CompletedProcess:
     """The line in a fresh `python` (as printed), or at smoke size in a process forked from a warm one
-    (`support.warm_cli`: the same module as `__main__`, less the import time)."""
+    (`support.warm_cli`: the same module as `__main__`, less the import time); `framework.data prepare` at smoke
+    size runs its `main` in this process (tests/data/test_user_text.py runs the command in a fresh one)."""
+    if smoke and argv[1:3] == ["-m", "framework.data"]:
+        from framework.data.prepare import main
+
+        with monkeypatch.context() as m:
+            m.chdir(cwd)
+            for key in ("FRAMEWORK_DATA_CACHE", "FRAMEWORK_SMOKE", "HF_HOME"):
+                m.setenv(key, env[key])
+            capsys.readouterr()
+            code = main(argv[3:])
+            out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, code, out, err)
     if smoke:
         return warm_cli.run(argv[2], argv[3:], env, cwd, timeout=600)
     return subprocess.run([sys.executable, *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
@@ -90,7 +102,7 @@ def _run(argv: list[str], cwd, env: dict, smoke: bool) -> subprocess.CompletedPr
 
 @pytest.mark.parametrize("smoke", [pytest.param(False, marks=pytest.mark.slow, id="as-printed"),
                                    pytest.param(True, marks=pytest.mark.long, id="smoke")])
-def test_the_your_own_data_section_runs_as_printed(tmp_path, hub, smoke):
+def test_the_your_own_data_section_runs_as_printed(tmp_path, hub, smoke, monkeypatch, capsys):
     """As printed (make test-slow); in `make test` the same lines at the README's own small size
     (`FRAMEWORK_SMOKE=1`, which every `python -m framework.train` line honours; the chat line keeps a row length
     its conversations fit, as smoke's 32 tokens would cut every one to no target)."""
@@ -107,7 +119,7 @@ def test_the_your_own_data_section_runs_as_printed(tmp_path, hub, smoke):
         before = set((cwd / "outputs").rglob("results.json")) if (cwd / "outputs").exists() else set()
         if smoke and "data=chat" in argv:
             argv = [*argv, "data.seq_len=128"]
-        proc = _run(argv, cwd, env, smoke)
+        proc = _run(argv, cwd, env, smoke, monkeypatch, capsys)
         assert proc.returncode == 0, (argv, proc.stderr[-3000:])
         if argv[1:3] == ["-m", "framework.data"]:
             records.append(json.loads(proc.stdout[proc.stdout.index("{"):]))

@@ -9,7 +9,6 @@ import numpy as np
 import prdc as prdc_ref
 import pytest
 import torch
-from helpers import run_cli
 from torch import nn
 
 from framework.metrics import GICDM, prdc
@@ -129,19 +128,20 @@ def test_registered_as_gicdm_and_bad_arguments_are_named():
     assert isinstance(GICDM(feature=nn.Identity()).feature, nn.Identity)
 
 
-def test_cli_prints_the_metrics_as_json(tmp_path):
+def test_cli_prints_the_metrics_as_json(tmp_path, capsys):
+    """The command's `main` in this process (tests/metrics/test_image_cli.py runs `python -m framework.metrics` in a
+    fresh one)."""
+    from framework.metrics.__main__ import main
+
     real, fake = sets(1, 200, 150, 16)
     np.save(tmp_path / "real.npy", real.numpy())
     np.save(tmp_path / "fake.npy", fake.numpy())
-    proc = run_cli(str(tmp_path / "real.npy"), str(tmp_path / "fake.npy"), "--k", "4", module="framework.metrics",
-                   timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    assert main([str(tmp_path / "real.npy"), str(tmp_path / "fake.npy"), "--k", "4"]) == 0
+    out = json.loads(capsys.readouterr().out)
     ref = prdc(real, fake, 4)
     assert {k: out[k] for k in KEYS} == {k: ref[k] for k in KEYS}
     assert out["correction"] == "none" and out["n_real"] == 200 and out["dim"] == 16
-    old = run_cli(str(tmp_path / "real.npy"), str(tmp_path / "fake.npy"), "--correction", "gicdm",
-                  module="framework.metrics", timeout=300)
-    assert old.returncode == 2 and "correction='gicdm_reconstructed'" in old.stderr
-    bad = run_cli(str(tmp_path / "real.npy"), str(tmp_path / "missing.npy"), module="framework.metrics", timeout=300)
-    assert bad.returncode != 0 and "no such features file" in bad.stderr
+    assert main([str(tmp_path / "real.npy"), str(tmp_path / "fake.npy"), "--correction", "gicdm"]) == 2
+    assert "correction='gicdm_reconstructed'" in capsys.readouterr().err
+    assert main([str(tmp_path / "real.npy"), str(tmp_path / "missing.npy")]) != 0
+    assert "no such features file" in capsys.readouterr().err

@@ -4,8 +4,10 @@ A corpus of generated documents (pseudo-words drawn Zipf-like, lognormal lengths
 trained on it offline (`tokenizers`, wrapped in transformers' PreTrainedTokenizerFast, with a ChatML template):
 (a) The training step reading `data=text` from files (TextData's own training loader over the packed rows of its
     on-disk cache) against the same step on the same batches already in memory as tensors: a TransformerLM under
-    `causal_lm`, Lightning's loop for both; tokens/s is the median over timed windows of every round (warm-up
-    steps excluded), the rounds interleaved. Goal: >= 0.97x (the reader is never the bottleneck).
+    `causal_lm` in Lightning's loop, one fit alternating windows of the two sources on the same batches (so the
+    process, the model and the minutes are shared), the source that comes first swapped every round; tokens/s is
+    the median over the timed windows of each kind (warm-up excluded). Goal: >= 0.97x (the reader is never the
+    bottleneck).
 (b) Tokenize + pack: TextData building its cache (read, tokenize with the tokenizer's EOS after each document, pack,
     write) against `datasets.load_dataset("json")` + `Dataset.map(batched=True)` tokenizing + TRL's
     `pack_dataset(strategy="bfd")`, fresh caches each round; the median of the rounds. Goal: >= 1.0x. A second run on
@@ -255,8 +257,29 @@ def print_efficiency(text: dict[str, Any], chat: dict[str, Any], chats: int) -> 
 
 
 # ---- (a) the training step: files vs tensors in memory -----------------------------------------------------------
+class Alternating:
+    """The batches of one fit, `window` at a time from each source in turn: read from files by TextData's own loader
+    (the reader's work happens in the fit's fetch, as in a run), then the same batches again from the copies held in
+    memory (or memory first, with `files_first=False`). Both kinds train on the same batches, in the same process,
+    model and minutes, so the only difference between their windows is where a batch comes from."""
+
+    def __init__(self, loader: Any, memory: list[dict[str, torch.Tensor]], window: int, files_first: bool):
+        self.loader, self.memory, self.window, self.files_first = loader, memory, window, files_first
+
+    def __len__(self) -> int:
+        return 2 * len(self.memory)
+
+    def __iter__(self) -> Any:
+        files = iter(self.loader)
+        for start in range(0, len(self.memory), self.window):
+            chunk = range(start, min(start + self.window, len(self.memory)))
+            for kind in ("files", "memory") if self.files_first else ("memory", "files"):
+                for i in chunk:
+                    yield next(files) if kind == "files" else self.memory[i]
+
+
 class Windows:
-    """Lightning callback: the time at the start of every `window`-th step after `warmup`."""
+    """Lightning callback: the time at the start of every `window`-th step after `warmup`, and at the end."""
 
     def __new__(cls, warmup: int, window: int) -> Any:
         import lightning as L
@@ -270,14 +293,17 @@ class Windows:
                 if step >= warmup and (step - warmup) % window == 0:
                     self.marks.append(time.perf_counter())
 
+            def on_train_end(self, trainer: Any, *args: Any) -> None:
+                self.marks.append(time.perf_counter())
+
         return _Windows()
 
 
-def step_windows(data: Any, memory: list[dict[str, torch.Tensor]] | None, warmup: int, windows: int,
-                 window: int, tmp: Path) -> tuple[list[float], float]:
-    """Tokens/s of each timed window of a causal_lm run on TransformerLM, and the mean ms Lightning spent fetching
-    a batch (its profiler's `train_dataloader_next`): over `data`'s own training loader (`memory` None) or over
-    `memory`, the same batches held as tensors."""
+def paired_fit(data: Any, memory: list[dict[str, torch.Tensor]], window: int, files_first: bool,
+               tmp: Path) -> dict[str, dict[str, list[float]]]:
+    """One causal_lm fit on TransformerLM over `Alternating` batches: per kind, the tokens/s of each of its windows
+    and Lightning's fetch time (its profiler's `train_dataloader_next`) of each of its steps. The first two windows
+    (one of each kind) are warm-up and not counted."""
     import lightning as L
     from lightning.pytorch.profilers import SimpleProfiler
 
@@ -287,24 +313,29 @@ def step_windows(data: Any, memory: list[dict[str, torch.Tensor]] | None, warmup
     torch.manual_seed(0)
     model = TransformerLM(vocab_size=data.vocab_size, dim=DIM, depth=DEPTH, heads=4, max_seq_len=data.seq_len)
     module = CausalLM(model, optimizer=lambda p: torch.optim.AdamW([q for _, q in p], lr=1e-3))
+    warmup = 2 * window
     clock, profiler = Windows(warmup, window), SimpleProfiler(dirpath=str(tmp), filename="profile")
-    trainer = L.Trainer(max_steps=warmup + windows * window + 1, logger=False, enable_checkpointing=False,
+    batches = Alternating(data.train_dataloader(), memory, window, files_first)
+    trainer = L.Trainer(max_steps=len(batches), logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=[clock],
                         default_root_dir=str(tmp), accelerator="cpu", use_distributed_sampler=False,
                         num_sanity_val_steps=0, limit_val_batches=0, profiler=profiler)
-    if memory is None:
-        trainer.fit(module, datamodule=data)
-    else:
-        trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(memory, batch_size=None))
+    trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
+    order = ("files", "memory") if files_first else ("memory", "files")
+    out: dict[str, dict[str, list[float]]] = {k: {"tokens/s": [], "fetch_ms": []} for k in order}
     tokens = data.batch_size * data.seq_len * window
-    fetch = profiler.recorded_durations["[_TrainingEpochLoop].train_dataloader_next"][warmup:]
-    return ([tokens / (b - a) for a, b in zip(clock.marks, clock.marks[1:], strict=False)],
-            1e3 * statistics.mean(fetch))
+    for i, (a, b) in enumerate(zip(clock.marks, clock.marks[1:], strict=False)):
+        out[order[i % 2]]["tokens/s"].append(tokens / (b - a))
+    fetch = profiler.recorded_durations["[_TrainingEpochLoop].train_dataloader_next"]
+    for step in range(warmup, min(len(fetch), len(batches))):
+        out[order[(step // window) % 2]]["fetch_ms"].append(1e3 * fetch[step])
+    return out
 
 
 def reader(data: Any, rounds: int, windows: int, window: int, tmp: Path) -> dict[str, dict[str, list[float]]]:
-    warmup = 5
-    steps = warmup + windows * window + 1
+    """`rounds` paired fits, which source comes first in each pair of windows swapped every round; `windows` timed
+    windows of each kind per fit."""
+    steps = (windows + 1) * window  # one warm-up window of each kind
     loader = data.train_dataloader()  # no trainer: rank 0 of 1, the order the run's sampler gives (seed 0, epoch 0)
     memory = []
     for batch in loader:
@@ -312,21 +343,20 @@ def reader(data: Any, rounds: int, windows: int, window: int, tmp: Path) -> dict
         if len(memory) == steps:
             break
     runs: dict[str, dict[str, list[float]]] = {k: {"tokens/s": [], "fetch_ms": []} for k in ("memory", "files")}
-    for r in range(rounds):  # interleaved, the order swapped every round (ABBA)
-        for kind in ("memory", "files") if r % 2 == 0 else ("files", "memory"):
-            speeds, fetch = step_windows(data, memory if kind == "memory" else None, warmup, windows, window, tmp)
-            runs[kind]["tokens/s"] += speeds
-            runs[kind]["fetch_ms"].append(fetch)
+    for r in range(rounds):
+        for kind, got in paired_fit(data, memory, window, r % 2 == 0, tmp).items():
+            for key in got:
+                runs[kind][key] += got[key]
     return runs
 
 
 def print_reader(runs: dict[str, dict[str, list[float]]], data: Any, rounds: int) -> None:
     peer = statistics.median(runs["memory"]["tokens/s"])
     print(f"(a) training step, causal_lm on TransformerLM (dim {DIM}, {DEPTH} layers, vocabulary {data.vocab_size}), "
-          f"batch {data.batch_size} x {data.seq_len} packed tokens, AdamW; median of "
-          f"{len(runs['files']['tokens/s'])} windows ({rounds} interleaved rounds, warm-up excluded), "
-          f"{torch.get_num_threads()} thread; `fetch`: the mean time Lightning spent getting each batch from the "
-          "loader (its profiler's train_dataloader_next)\n")
+          f"batch {data.batch_size} x {data.seq_len} packed tokens, AdamW, 1 thread; {rounds} fits, each alternating "
+          "windows of the same batches read from files and held in memory (the first source swapped every fit); "
+          f"the median of {len(runs['files']['tokens/s'])} timed windows of each kind (warm-up excluded); `fetch`: "
+          "the mean time Lightning spent getting each batch (its profiler's train_dataloader_next)\n")
     print("| reader | tokens/s (median) | fetch ms/step | step ms | x peer | goal |\n|---|---|---|---|---|---|")
     tokens = data.batch_size * data.seq_len
     for kind, name in (("memory", "peer: the same batches as tensors in memory"),
