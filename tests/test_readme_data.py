@@ -100,10 +100,13 @@ def _run(argv: list[str], cwd, env: dict, smoke: bool, monkeypatch, capsys) -> s
     return subprocess.run([sys.executable, *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+# both in make test-slow: make test keeps each line's path (tests/data/test_user_text.py trains on files and a Hub
+# dataset and prepares a cache, tests/data/test_streaming.py streams through the CLI,
+# tests/data/test_methods_on_user_data.py fine-tunes an HF model on a chat file with OLion through the CLI)
 @pytest.mark.parametrize("smoke", [pytest.param(False, marks=pytest.mark.slow, id="as-printed"),
-                                   pytest.param(True, marks=pytest.mark.long, id="smoke")])
+                                   pytest.param(True, marks=pytest.mark.slow, id="smoke")])
 def test_the_your_own_data_section_runs_as_printed(tmp_path, hub, smoke, monkeypatch, capsys):
-    """As printed (make test-slow); in `make test` the same lines at the README's own small size
+    """As printed; and (`smoke`, a quick check of the lines) the same lines at the README's own small size
     (`FRAMEWORK_SMOKE=1`, which every `python -m framework.train` line honours; the chat line keeps a row length
     its conversations fit, as smoke's 32 tokens would cut every one to no target)."""
     lines = _lines()

@@ -65,8 +65,7 @@ def _results(cwd, before: set) -> dict:
 def _run(argv: list[str], cwd, env: dict, small: bool, monkeypatch, capsys) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of the line in a fresh `python`, as printed. At the small size a `framework.train`
     line runs 2 steps in a process forked from a warm one (`support.warm_cli`), and the `python -c` and
-    `framework.metrics` lines run in this process, on the same files and Hub (tests/metrics/test_image_cli.py runs
-    the metrics CLI in a fresh process in make test)."""
+    `framework.metrics` lines run in this process, on the same files and Hub."""
     if small and argv[1:3] == ["-m", "framework.train"]:
         proc = warm_cli.run(argv[2], [*argv[3:], "trainer.max_steps=2"], env, cwd, timeout=600)
         return proc.returncode, proc.stdout, proc.stderr
@@ -87,11 +86,14 @@ def _run(argv: list[str], cwd, env: dict, small: bool, monkeypatch, capsys) -> t
     return proc.returncode, proc.stdout, proc.stderr
 
 
+# both in make test-slow: make test keeps each line's path (tests/data/test_images.py trains on a folder and reads a
+# Hub image dataset, tests/models/test_timm_models.py opens a run's push with timm in a fresh process,
+# tests/metrics/test_image_cli.py scores two folders in a fresh process); `small` is the quicker check of the lines
 @pytest.mark.parametrize("small", [pytest.param(False, marks=pytest.mark.slow, id="as-printed"),
-                                   pytest.param(True, marks=pytest.mark.long, id="small")])
+                                   pytest.param(True, marks=pytest.mark.slow, id="small")])
 def test_the_your_own_images_section_runs_as_printed(tmp_path, hub, small, monkeypatch, capsys):
-    """As printed (make test-slow); in `make test` the same lines with the training runs cut to 2 steps and the two
-    short lines run in this process."""
+    """As printed; and (`small`, a quick check of the lines) the same lines with the training runs cut to 2 steps and
+    the two short lines run in this process."""
     lines = _lines()
     assert len(lines) == 4 and all(argv[0] == "python" for argv in lines), lines
     cwd = tmp_path / "reader"
