@@ -257,13 +257,14 @@ def print_efficiency(text: dict[str, Any], chat: dict[str, Any], chats: int) -> 
 
 
 # ---- (a) the training step: files vs tensors in memory -----------------------------------------------------------
-class Alternating:
+class Alternating(torch.utils.data.IterableDataset):
     """The batches of one fit, `window` at a time from each source in turn: read from files by TextData's own loader
     (the reader's work happens in the fit's fetch, as in a run), then the same batches again from the copies held in
     memory (or memory first, with `files_first=False`). Both kinds train on the same batches, in the same process,
     model and minutes, so the only difference between their windows is where a batch comes from."""
 
     def __init__(self, loader: Any, memory: list[dict[str, torch.Tensor]], window: int, files_first: bool):
+        super().__init__()
         self.loader, self.memory, self.window, self.files_first = loader, memory, window, files_first
 
     def __len__(self) -> int:
