@@ -154,6 +154,7 @@ def test_a_fresh_config_without_head_dim_takes_hidden_over_heads(caplog):
         fresh_hf_config({"model_type": "qwen3", **SMALL, "hidden_size": 30}, 256)
 
 
+@pytest.mark.slow  # a Hub run (~9 s); make test checks the ids in-process for five families just below
 def test_a_fresh_config_on_the_datas_vocabulary_takes_the_datas_special_ids(hub, tmp_path):
     """The README's pointer-chase model (`recipe=pointer_chase_lm`, a fresh Llama config): its pushed config and
     generation config say the task's PAD 0, BOS 1 and EOS 3 (Llama's default eos 2 is the task's SEP), and the run's
