@@ -112,6 +112,10 @@ def kind_of(path: str, feature: str | None) -> str:
                          "dataset, texts, or a .npy array of features")
     if file.suffix == ".tar":
         return IMAGES
+    hub_id = path.count("/") == 1 and not path.startswith((".", "~", "/")) and not path.endswith("/")
+    if not file.exists() and not hub_id and not any(c in path for c in "*?["):
+        raise InputError(f"{path}: no such file or folder (a side is a folder of images, a Hub dataset id "
+                         "'owner/name', .parquet or .tar files, a file of texts, or a .npy array of features)")
     ambiguous = file.suffix == ".parquet" or not file.exists() and "/" in path and not path.startswith((".", "~", "/"))
     return IMAGES if ambiguous and not text_feature(feature) else TEXTS
 

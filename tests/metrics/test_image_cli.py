@@ -172,6 +172,8 @@ def test_bad_input_is_one_error_line_exit_2_and_nothing_written(pushed, folders,
     (tmp_path / "empty").mkdir()
     assert "'%s' holds no image" % (tmp_path / "empty") in _refused(capsys, [str(real), str(tmp_path / "empty"),
                                                                             "--feature", TINY, *args])
+    line = _refused(capsys, [str(tmp_path / "nowhere"), str(gen), "--feature", TINY, *args])
+    assert line.startswith(f"error: {tmp_path / 'nowhere'}: no such file or folder (a side is a folder of images")
     line = _refused(capsys, [str(real), str(gen), "--feature", TINY, "--strict", *args])
     assert line.startswith(f"error: {gen / 'notes.png'}: not an image") and "--strict refuses it" in line
     truncated = shutil.copytree(real, tmp_path / "truncated")
