@@ -24,7 +24,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -q -n 2 --dist worksteal --durations=15
 
-test-slow: $(STAMP)
+# make test-slow also runs the README's W&B line: the `wandb` extra, installed beside dev the first time
+SLOW_STAMP := $(VENV)/.installed-slow
+
+$(SLOW_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,wandb]'
+	@touch $(SLOW_STAMP)
+
+test-slow: $(SLOW_STAMP)
 	$(BIN)/python -m pytest -m slow -q --durations=15
 
 KVPRESS_VENV ?= .venv-kvpress

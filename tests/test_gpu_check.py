@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-KINDS = {"recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2", "draws", "hf"}
+KINDS = {"recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2", "draws", "hf", "images"}
 
 
 def gpu_check(*args: str) -> subprocess.CompletedProcess:
@@ -64,6 +64,8 @@ def test_the_reduced_cpu_check_runs_every_check_for_real(tmp_path):
     assert "| mixed s=0.5 |" in (out / "kv_decode.md").read_text()
     assert [row["check"] for row in got if row["check"].startswith("hf")] == ["hf", "hf/rlkv_probe_llama"]
     assert "val/acc_s0.5" in finite_metrics(out / "rlkv_probe_llama")["metrics"]  # its evaluation ran in bf16
+    assert [row["check"] for row in got if row["check"].startswith("images")] == ["images", "images/timm_on_images"]
+    assert "data=images" in finite_metrics(out / "timm_on_images")["command"]
 
 
 def test_the_reduced_cpu_check_runs_its_in_process_checks_for_real_and_writes_the_table(tmp_path):
@@ -90,3 +92,12 @@ def test_the_hf_check_runs_transformers_models_on_the_device_it_is_given(tmp_pat
     spec.loader.exec_module(tool)  # as tests/test_bench_runner.py loads its tool
     result = tool.check_hf(tool.Plan("cpu", True, tmp_path, 60.0, 1, cuda=False))
     assert "bytes = theory" in result and "Mixtral 2->4 layers, 4->16 experts" in result
+
+
+def test_the_images_check_extracts_on_the_device_it_is_given(tmp_path):
+    """`make test`'s share of the `images` row (its training run is in the slow test above): in process, on the CPU."""
+    spec = importlib.util.spec_from_file_location("gpu_check_tool", REPO / "tools" / "gpu_check.py")
+    tool = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    result = tool.check_images(tool.Plan("cpu", True, tmp_path, 60.0, 1, cuda=False))
+    assert result.startswith("60 PNGs, 512-dim features on cpu: min cosine vs cpu 1.00000"), result

@@ -56,12 +56,15 @@ def test_the_selection_ready_module_differs_from_the_plain_one_in_at_most_5_line
     assert 0 < max(removed, len(changed) - removed) <= 5, changed
 
 
-@pytest.mark.long
-def test_the_plain_project_and_the_framework_parts_added_by_overrides_run(tmp_path, hub):
+@pytest.mark.slow  # a fresh process (~6 s); make test runs the same project with the framework's parts below
+def test_the_plain_project_runs_as_it_was(tmp_path):
     plain = train("model._target_=plain_module.LitModule", f"hydra.run.dir={tmp_path / 'plain'}")
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert "selection/cost" not in json.loads((tmp_path / "plain" / "metrics.json").read_text())
 
+
+@pytest.mark.long
+def test_the_framework_parts_added_by_overrides_run(tmp_path, hub):
     runs = train("-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *FRAMEWORK, env=hub_env(hub.url, tmp_path / "cache"))
     assert runs.returncode == 0, runs.stderr[-3000:]  # a multirun exits 0 only if every job did
     for job, policy in enumerate(POLICIES):

@@ -88,7 +88,8 @@ def test_multirun_sweeps_each_choice(cli, tmp_path):
 
 
 @pytest.mark.ddp
-def test_two_process_ddp_run_finishes_and_ranks_agree_on_the_final_loss(cli, tmp_path):
+@pytest.mark.slow  # make test: the README's DDP line (test_readme_commands), and DDP runs of the guard, streamed text
+def test_two_process_ddp_run_finishes_and_ranks_agree_on_the_final_loss(cli, tmp_path):  # and the Data Agent
     proc = cli(
         "recipe=char_lm",
         *TINY,

@@ -7,7 +7,9 @@ trainer.strategy=fsdp2 on one device; draws: every kind of seeded draw in framew
 and on the CPU (mdlm_mask_agnostic's recipe check also needs its extra loss to have run); hf: transformers models
 on the device (the mixed KV cache inside generate() against the hard-gated forward, a gated backward, a Mixtral
 grown in place keeping its function), then the methods' recipes on tiny transformers configs at size=smoke in
-bf16-mixed. A failing check is a row with ok = no and its last error line; exit 1 if any.
+bf16-mixed; images: the metrics CLI's timm feature extraction on the device (fp32 against the CPU's, bf16 autocast
+against fp32) from a folder of PNG files, then `data=images model=timm` trained at size=smoke in bf16-mixed. A
+failing check is a row with ok = no and its last error line; exit 1 if any.
 
     python tools/gpu_check.py                            # on a lent GPU; the table also goes to runs/gpu_check/table.md
     python tools/gpu_check.py --device cpu --reduced     # the CPU-sized variant (about a minute on 2 cores)
@@ -39,7 +41,7 @@ import kv_cache as bench  # noqa: E402  (tools/bench/kv_cache.py: its model, win
 from framework.optim.newton_schulz import newton_schulz5  # noqa: E402
 from framework.serving.kv_cache import MixedKVCache, kv_fraction, theoretical_speedup  # noqa: E402
 
-CHECKS = ["recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2", "draws", "hf"]
+CHECKS = ["recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2", "draws", "hf", "images"]
 REDUCED_RECIPES = ["char_lm", "data_agent_digits"]
 #: a metric a recipe's results must hold: the part the check is for ran (the flagship's extra loss starts at step 2
 #: of 4 at size=smoke, drawing on the step's generator on the device)
@@ -349,6 +351,55 @@ def check_hf(plan: Plan) -> str:
             f"gates' grads; Mixtral 2->4 layers, 4->16 experts: logits within {growth_error:.1e}")
 
 
+def digit_pngs(folder: Path, n: int = 60, size: int = 32) -> Path:
+    """scikit-learn's first `n` digits as `size`-pixel PNG files in `folder/<digit>/` (an ImageFolder tree)."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    for i in range(n):
+        sub = folder / str(digits.target[i])
+        sub.mkdir(parents=True, exist_ok=True)
+        pixels = (digits.images[i] * 16).clip(0, 255).astype(np.uint8)
+        Image.fromarray(pixels).resize((size, size)).save(sub / f"{i:04d}.png")
+    return folder
+
+
+def check_images(plan: Plan) -> str:
+    """The metrics CLI's extraction (`framework.metrics.image_features.ImageFeatures`, decoding in a worker) on the
+    device: a timm model at its random initialisation (nothing downloaded) gives the CPU's features in fp32, and close
+    ones under bf16 autocast."""
+    import numpy as np
+    import timm
+
+    from framework.metrics import image_features as F
+
+    folder = digit_pngs(plan.out / "images" / "digits")
+    torch.manual_seed(0)
+    net = timm.create_model("resnet10t", pretrained=False, num_classes=0).eval()
+    cfg = timm.data.resolve_model_data_config(net)
+    transform = timm.data.create_transform(**cfg, is_training=False)
+    extractor = F.Extractor("resnet10t", "local/resnet10t-random-init", "none")
+
+    def features(device: str, bf16: bool) -> np.ndarray:
+        extract = F.ImageFeatures(extractor, device=device, bf16=bf16, batch_size=16, workers=1, progress=False)
+        extract._built = (net.to(device), transform, tuple(cfg["input_size"]))  # the model, as model() builds it
+        return extract.extract(F.folder_images(folder)).features
+
+    cpu, dev, half = features("cpu", False), features(plan.device, False), features(plan.device, True)
+
+    def cosine(a: np.ndarray, b: np.ndarray) -> float:
+        return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+
+    fp32, bf16 = cosine(cpu, dev), cosine(dev, half)
+    if cpu.shape != dev.shape or fp32 < 0.999 or bf16 < 0.98:
+        raise RuntimeError(f"features {dev.shape} on {plan.device} vs {cpu.shape} on cpu: min cosine fp32 {fp32:.5f} "
+                           f"(floor 0.999), bf16 {bf16:.4f} (floor 0.98)")
+    return (f"{len(cpu)} PNGs, {cpu.shape[1]}-dim features on {plan.device}: min cosine vs cpu {fp32:.5f}, "
+            f"bf16 {bf16:.4f}")
+
+
 def guarded(check: str, setting: str, fn: Callable[[], str]) -> Row:
     """Run one check; any failure becomes a row with ok = no and its last error line."""
     start = time.perf_counter()
@@ -377,6 +428,8 @@ def settings(plan: Plan) -> dict[str, str]:
                      + (" (reduced: L 128/512, batch 1, 4 steps)" if plan.reduced else "") + "; table kv_decode.md",
         "draws": f"every kind of seeded draw in framework/, generators on cpu and {plan.device}",
         "hf": f"tiny transformers configs, fp32, {plan.device}; recipes at size=smoke, {dev}",
+        "images": f"resnet10t (random init), 60 digit PNGs, fp32 vs cpu, bf16 autocast, {plan.device}; "
+                  f"data=images model=timm at size=smoke, {dev}",
         "fsdp2": "char_lm smoke, strategy=fsdp2, bf16-mixed, " + (
             "1 GPU, nccl" if plan.cuda else "1 CPU rank over gloo (the CPU stand-in for 1 GPU over NCCL)"),
     }
@@ -398,7 +451,7 @@ def run_all(plan: Plan, args: argparse.Namespace) -> list[Row]:
     if not plan.cuda:
         torch.set_num_threads(1)  # as tools/bench does: spinning threads on busy cores swamp these timings
     for name, fn in (("newton_schulz", check_newton_schulz), ("kv_decode", check_kv_decode), ("draws", check_draws),
-                     ("hf", check_hf)):
+                     ("hf", check_hf), ("images", check_images)):
         if name in args.checks:
             rows[name].append(guarded(name, text[name], lambda fn=fn: fn(plan)))
     if plan.cuda and torch.cuda.is_available():
@@ -419,6 +472,11 @@ def run_all(plan: Plan, args: argparse.Namespace) -> list[Row]:
     if "hf" in args.checks:
         hf = list(HF_RECIPES.items())[: 1 if plan.reduced else None]
         jobs += [("hf", f"hf/{n}", lambda n=n, o=o, m=m: train_check(n, o, plan, metric=m)) for n, (o, m) in hf]
+    if "images" in args.checks:
+        tree = plan.out / "images" / "digits"
+        jobs.append(("images", "images/timm_on_images", lambda: train_check("timm_on_images", [
+            "recipe=selection_compare", "sampler=full", "data=images", f"data.source={digit_pngs(tree)}",
+            "data.image_size=32", "model=timm", "model.name=resnet10t"], plan, metric="val/acc")))
     with ThreadPoolExecutor(max_workers=plan.jobs) as pool:
         futures = [(kind, pool.submit(guarded, check, text[kind], fn)) for kind, check, fn in jobs]
         for kind, future in futures:
