@@ -104,7 +104,8 @@ FSDP2 = ["recipe=mdlm_text", "size=smoke", "optimizer=olion", "trainer.strategy=
          "trainer.accelerator=cpu", "trainer.max_steps=4", "threads=1"]
 
 
-@pytest.mark.long
+@pytest.mark.slow  # ~20 s; make test: the README's FSDP2 line with OLion (test_readme_commands) and the EMA's
+# resharding above, in process
 def test_the_cli_trains_olion_on_fsdp2_weights_with_ema_and_resumes_bitwise(tmp_path):
     """2 gloo processes: the run's checkpoint is one full file (EMA copy included); resumed from step 2 it ends
     bitwise equal to the uninterrupted run."""
