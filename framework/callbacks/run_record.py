@@ -104,6 +104,12 @@ def summary(results: dict[str, Any]) -> str:
     if "tokens" in data:
         lines.append(f"  data             {data.get('dataset')}: {data['tokens']:,} tokens, packing efficiency "
                      f"{data.get('packing_efficiency', float('nan')):.4f}")
+    elif "train_images" in data:  # data=images
+        size = "x".join(str(n) for n in data.get("input_size", [])[1:])
+        skipped = f", {data['skipped']} skipped" if data.get("skipped") else ""
+        lines.append(f"  data             {data.get('dataset')}: {data['train_images']:,} training and "
+                     f"{data.get('val_images', 0):,} validation images, {data.get('classes', '?')} classes at "
+                     f"{size or '?'}{skipped}")
     lines += [
         f"  run dir          {results['run_dir']}",
         f"  results          {results['run_dir']}/results.json",

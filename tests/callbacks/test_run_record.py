@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from framework.callbacks.run_record import RunRecord, numbers
+from framework.callbacks.run_record import RunRecord, numbers, summary
 
 
 def _trainer(rank: int = 0, world: int = 1) -> SimpleNamespace:
@@ -51,3 +51,16 @@ def test_an_interrupted_run_records_the_checkpoint_and_the_command_that_resumes_
 def test_numbers_are_plain_floats_with_non_finite_values_as_nan():
     out = numbers({"a": torch.tensor(2.0), "b": float("inf")}, prefix="test/")
     assert out["test/a"] == 2.0 and out["test/b"] != out["test/b"]
+
+
+def test_the_summary_names_the_users_data_text_or_images():
+    base = {"recipe": None, "global_step": 2, "seconds": 1.0, "metrics": {"val/acc": 0.5},
+            "initial_metrics": {"val/acc_init": 0.1}, "run_dir": "r", "last_checkpoint": "r/last.ckpt"}
+    text = summary({**base, "data": {"dataset": "my_corpus/", "tokens": 12345, "packing_efficiency": 0.99876}})
+    assert "  data             my_corpus/: 12,345 tokens, packing efficiency 0.9988" in text.splitlines()
+    images = {"dataset": "my_images/", "train_images": 1350, "val_images": 150, "classes": 10,
+              "input_size": [3, 64, 64], "skipped": 2}
+    lines = summary({**base, "data": images}).splitlines()
+    assert "  data             my_images/: 1,350 training and 150 validation images, 10 classes at 64x64, 2 skipped" \
+        in lines
+    assert not any(line.startswith("  data") for line in summary({**base, "data": {}}).splitlines())
