@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from framework.data.image_files import BadImage, load_image
-from framework.data.streaming import shard_order_epoch
+from framework.data.streaming import ResumableStream, shard_order_epoch
 from framework.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -71,29 +71,14 @@ def seeded(value: int) -> Iterator[None]:
             random.setstate(state)
 
 
-class ImageStreamLoader:
+class ImageStreamLoader(ResumableStream):
     """The training loader: batches {"x", "y", "index"} of this rank's share, equal steps on every rank, resumable
     (`state_dict` / `load_state_dict`, Lightning's stateful-loader hooks)."""
 
     def __init__(self, data: Any, transform: Any, trainer: Any = None):
-        self.data, self.transform, self.trainer = data, transform, trainer
-        self.rank, self.world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        super().__init__(trainer, {"images": 0, "repeated": 0, "skipped": 0})
+        self.data, self.transform = data, transform
         self.open_rows = open_stream(data, data.split, self.rank, self.world)
-        self.epoch = 0
-        self.totals = {"images": 0, "repeated": 0, "skipped": 0}
-        self._resume: dict[str, Any] | None = None
-        self._after: dict[tuple[int, int], dict[str, Any]] = {}
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def _current_epoch(self) -> int:
-        return self.trainer.current_epoch if self.trainer is not None else self.epoch
-
-    def _any(self, decision: bool) -> bool:
-        if self.world > 1:
-            return bool(self.trainer.strategy.reduce_boolean_decision(decision, all=False))
-        return decision
 
     def _open(self, state: dict | None) -> None:
         self._rows = self.open_rows(self._epoch)
@@ -178,31 +163,6 @@ class ImageStreamLoader:
                     % 2**63):
             x = self.transform(image)
         return {"x": x, "y": self.data.stream_label(row), "index": self.rank + self.world * n}
-
-    def _consumed(self) -> int:
-        if self.trainer is None:
-            return max(k[1] for k in self._after) if self._after else 0
-        return self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
-
-    def state_dict(self) -> dict[str, Any]:
-        """Every rank's position after the last batch trained on (gathered: the checkpoint is rank 0's)."""
-        epoch = self._current_epoch()
-        mine = dict(self._after.get((epoch, self._consumed()), {"epoch": epoch, "batches": 0, "totals": self.totals}))
-        ranks = [mine]
-        if self.world > 1:
-            import torch.distributed as dist
-
-            ranks = [None] * self.world
-            dist.all_gather_object(ranks, mine)
-        return {"world": self.world, "ranks": ranks}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        ranks = (state or {}).get("ranks") or []
-        if ranks and len(ranks) != self.world and any(r.get("batches") for r in ranks):
-            raise InputError(f"data.streaming: the checkpoint was written mid-epoch by {len(ranks)} rank(s), and this "
-                             f"run has {self.world}; resume on {len(ranks)}, or from an epoch's end")
-        self._resume = dict(ranks[self.rank]) if len(ranks) == self.world else None
-        self.totals = dict(self._resume.get("totals", self.totals)) if self._resume else self.totals
 
 
 def setup_stream(data: Any, spec: str, revision: str | None, image_column: str, label_column: str,

@@ -173,18 +173,19 @@ def collate(rows: list[tuple[np.ndarray, np.ndarray, list[int]]], seq_len: int, 
     return batch
 
 
-class StreamLoader:
-    """The training loader Lightning iterates: batches of `batch_size` rows of this rank's `RankStream`, as many
-    steps on every rank (the ranks agree each step whether any still has fresh rows), resumable through the
-    checkpoint (`state_dict` / `load_state_dict`, Lightning's stateful-loader hooks)."""
+class ResumableStream:
+    """What a streamed training loader shares, text or images: the rank and world size from the trainer, the epoch,
+    equal steps on every rank (`_any`), and the per-rank positions Lightning's stateful-loader hooks save and
+    restore. A subclass records `_after[(epoch, batches done)]` (its position after them) as it yields batches,
+    starts from `_resume` when that is set, and counts into `totals`."""
 
-    def __init__(self, stream: RankStream, batch_size: int, pad_id: int, trainer: Any = None):
-        self.stream, self.batch_size, self.pad_id, self.trainer = stream, batch_size, pad_id, trainer
+    def __init__(self, trainer: Any, totals: dict[str, int]):
+        self.trainer = trainer
         self.rank, self.world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         self.epoch = 0  # set_epoch's, when no trainer says which
         self._resume: dict[str, Any] | None = None
         self._after: dict[tuple[int, int], dict[str, Any]] = {}  # (epoch, batches done) → position after them
-        self.totals = {"rows": 0, "repeated": 0}  # this rank's, over the whole run
+        self.totals = totals  # this rank's, over the whole run
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -197,38 +198,6 @@ class StreamLoader:
         if self.world > 1:
             return bool(self.trainer.strategy.reduce_boolean_decision(decision, all=False))
         return decision
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        epoch = self._current_epoch()
-        resume = self._resume if self._resume and self._resume["epoch"] == epoch else None
-        self._resume = None
-        self.stream.start(epoch, resume)
-        batches = resume["batches"] if resume else 0
-        self._after = {(epoch, batches): self._position(batches)}
-        return self._batches(epoch, batches)
-
-    def _position(self, batches: int) -> dict[str, Any]:
-        return {**self.stream.position(), "batches": batches, "totals": dict(self.totals)}
-
-    def _batches(self, epoch: int, batches: int) -> Iterator[dict[str, torch.Tensor]]:
-        s = self.stream
-        if batches == 0 and self._any(not s.has_fresh()):  # every rank raises together, none waits for another
-            raise InputError(f"data.streaming: a rank's share of the training split is empty ({self.world} ranks: "
-                             "a source with fewer rows or files than ranks?); add data or use fewer devices")
-        while self._any(s.has_fresh()):
-            first, repeated = s.rows, s.repeated
-            rows = [s.next_row() for _ in range(self.batch_size)]
-            batch = collate(rows, s.seq_len, s.packing, self.pad_id, self.rank + self.world * first, self.world)
-            self.totals = {"rows": self.totals["rows"] + len(rows),
-                           "repeated": self.totals["repeated"] + s.repeated - repeated}
-            batches += 1
-            self._after[(epoch, batches)] = self._position(batches)
-            for old in [k for k in self._after if k[0] != epoch or k[1] < batches - 4]:
-                del self._after[old]  # Lightning fetches one batch ahead: a few positions are enough
-            yield batch
-        log.info("data.streaming: epoch %d on rank %d: %d steps, %d rows, %d of them repeats (rows of its share "
-                 "read again while a longer share was still being read)", epoch, self.rank, batches, s.rows,
-                 s.repeated)
 
     def _consumed(self) -> int:
         """Batches of this epoch the run has trained on (Lightning has fetched one more than that)."""
@@ -261,6 +230,48 @@ class StreamLoader:
             ranks = []
         self._resume = dict(ranks[self.rank]) if ranks else None
         self.totals = dict(self._resume.get("totals", self.totals)) if self._resume else self.totals
+
+
+class StreamLoader(ResumableStream):
+    """The training loader Lightning iterates: batches of `batch_size` rows of this rank's `RankStream`, as many
+    steps on every rank (the ranks agree each step whether any still has fresh rows), resumable through the
+    checkpoint (`state_dict` / `load_state_dict`, Lightning's stateful-loader hooks)."""
+
+    def __init__(self, stream: RankStream, batch_size: int, pad_id: int, trainer: Any = None):
+        super().__init__(trainer, {"rows": 0, "repeated": 0})
+        self.stream, self.batch_size, self.pad_id = stream, batch_size, pad_id
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        epoch = self._current_epoch()
+        resume = self._resume if self._resume and self._resume["epoch"] == epoch else None
+        self._resume = None
+        self.stream.start(epoch, resume)
+        batches = resume["batches"] if resume else 0
+        self._after = {(epoch, batches): self._position(batches)}
+        return self._batches(epoch, batches)
+
+    def _position(self, batches: int) -> dict[str, Any]:
+        return {**self.stream.position(), "batches": batches, "totals": dict(self.totals)}
+
+    def _batches(self, epoch: int, batches: int) -> Iterator[dict[str, torch.Tensor]]:
+        s = self.stream
+        if batches == 0 and self._any(not s.has_fresh()):  # every rank raises together, none waits for another
+            raise InputError(f"data.streaming: a rank's share of the training split is empty ({self.world} ranks: "
+                             "a source with fewer rows or files than ranks?); add data or use fewer devices")
+        while self._any(s.has_fresh()):
+            first, repeated = s.rows, s.repeated
+            rows = [s.next_row() for _ in range(self.batch_size)]
+            batch = collate(rows, s.seq_len, s.packing, self.pad_id, self.rank + self.world * first, self.world)
+            self.totals = {"rows": self.totals["rows"] + len(rows),
+                           "repeated": self.totals["repeated"] + s.repeated - repeated}
+            batches += 1
+            self._after[(epoch, batches)] = self._position(batches)
+            for old in [k for k in self._after if k[0] != epoch or k[1] < batches - 4]:
+                del self._after[old]  # Lightning fetches one batch ahead: a few positions are enough
+            yield batch
+        log.info("data.streaming: epoch %d on rank %d: %d steps, %d rows, %d of them repeats (rows of its share "
+                 "read again while a longer share was still being read)", epoch, self.rank, batches, s.rows,
+                 s.repeated)
 
 
 # ---- the `text` / `chat` DataModule's streamed side (`data.streaming=true`) --------------------------------------
