@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from framework.data.image_files import BadImage, load_image
-from framework.data.streaming import ResumableStream, shard_order_epoch
+from framework.data.stream_state import ResumableStream
+from framework.data.streaming import shard_order_epoch
 from framework.errors import InputError
 
 log = logging.getLogger(__name__)

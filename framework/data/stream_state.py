@@ -1,0 +1,67 @@
+"""The state every streamed training loader shares (`framework.data.streaming` for text, `image_stream` for images):
+the rank and world size, the epoch, equal steps on every rank, and the per-rank positions a checkpoint holds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from framework.errors import InputError
+
+
+class ResumableStream:
+    """What a streamed training loader shares, text or images: the rank and world size from the trainer, the epoch,
+    equal steps on every rank (`_any`), and the per-rank positions Lightning's stateful-loader hooks save and
+    restore. A subclass records `_after[(epoch, batches done)]` (its position after them) as it yields batches,
+    starts from `_resume` when that is set, and counts into `totals`."""
+
+    def __init__(self, trainer: Any, totals: dict[str, int]):
+        self.trainer = trainer
+        self.rank, self.world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        self.epoch = 0  # set_epoch's, when no trainer says which
+        self._resume: dict[str, Any] | None = None
+        self._after: dict[tuple[int, int], dict[str, Any]] = {}  # (epoch, batches done) → position after them
+        self.totals = totals  # this rank's, over the whole run
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _current_epoch(self) -> int:
+        return self.trainer.current_epoch if self.trainer is not None else self.epoch
+
+    def _any(self, decision: bool) -> bool:
+        """True on every rank when any rank's `decision` is (one all-reduce of one number per step under DDP)."""
+        if self.world > 1:
+            return bool(self.trainer.strategy.reduce_boolean_decision(decision, all=False))
+        return decision
+
+    def _consumed(self) -> int:
+        """Batches of this epoch the run has trained on (Lightning has fetched one more than that)."""
+        if self.trainer is None:
+            return max(k[1] for k in self._after) if self._after else 0
+        return self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's position after the last batch trained on (the checkpoint is rank 0's, so the positions are
+        gathered: every rank writes it at the same step)."""
+        epoch = self._current_epoch()
+        mine = dict(self._after.get((epoch, self._consumed()), {"epoch": epoch, "batches": 0, "totals": self.totals}))
+        ranks = [mine]
+        if self.world > 1:
+            import torch.distributed as dist
+
+            ranks = [None] * self.world
+            dist.all_gather_object(ranks, mine)
+        return {"world": self.world, "ranks": ranks}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Start from this rank's position in `state`; InputError when it holds another number of ranks' positions
+        mid-epoch (each rank's share of the files depends on the world size)."""
+        ranks = (state or {}).get("ranks") or []
+        if ranks and len(ranks) != self.world:
+            if any(r.get("batches") for r in ranks):
+                raise InputError(f"data.streaming: the checkpoint was written mid-epoch by {len(ranks)} rank(s), and "
+                                 f"this run has {self.world}; resume on {len(ranks)} (each rank's share of the files "
+                                 "depends on how many there are), or from an epoch's end")
+            ranks = []
+        self._resume = dict(ranks[self.rank]) if ranks else None
+        self.totals = dict(self._resume.get("totals", self.totals)) if self._resume else self.totals
