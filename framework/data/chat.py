@@ -1,22 +1,26 @@
 """Chat rows as training documents: TRL's two shapes, rendered with the model's own tokenizer, loss on the answers.
 
-A row is a conversation (`messages`: a list of {role, content}, rendered with the tokenizer's chat template) or a
-`prompt` / `completion` pair (strings, or message lists); `columns` maps other column names onto these. The loss
-mask is found turn by turn, so a stock template without `{% generation %}` markers is masked right: assistant
-turn k's targets are the tokens that rendering messages[:k+1] adds after messages[:k] with the generation prompt
-(the header `<|im_start|>assistant\\n` is the prompt, the content and its end token `<|im_end|>` are targets;
-template whitespace after the end token is not). Every render must start its successor, in text and in token ids;
-a template that rewrites earlier turns (e.g. moves the system prompt into the last user turn) is refused by name.
+A row is a conversation (`messages`: a list of {role, content, ...} messages, rendered with the tokenizer's chat
+template together with the row's `tools`, `documents` and template arguments) or a `prompt` / `completion` pair
+(strings, or message lists); `columns` maps other column names onto these. Each conversation is rendered once, whole,
+and the assistant's tokens are found in that render (`framework.data.chat_render`): by the template's
+`{% generation %}` markers where it has them, else by where each assistant turn's words land (the template's
+generation prompt is not a target; the words, reasoning, tool calls and the end-of-turn token are; the template's
+whitespace after that token is not). A template where that cannot be found exactly is refused by name.
+Prompt/completion strings are tokenized as a model sees them at inference: the prompt alone (with the BOS the
+tokenizer adds), then the completion and EOS; rows where that differs from tokenizing the joined text are counted.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
+from framework.data.chat_render import Renderer
 from framework.data.packing import encode
 from framework.errors import InputError
 
@@ -24,10 +28,16 @@ from framework.errors import InputError
 SHAPES = {"messages": ("messages",), "prompt/completion": ("prompt", "completion")}
 TRAIN_ON = ("assistant", "last", "all")
 IGNORE = -100
+#: columns a row's template reads when present (TRL's names); `chat_template_kwargs` holds more arguments as a dict
+TEMPLATE_COLUMNS = ("tools", "documents")
+KWARGS_COLUMN = "chat_template_kwargs"
+#: what a message says: its content, or (an assistant's) tool calls or reasoning in their place
+_SAYS = {"content", "tool_calls", "reasoning_content", "thinking", "reasoning"}
 #: ShareGPT's spelling of a message, read as TRL's
 _SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "tool": "tool"}
 
 Document = tuple[np.ndarray, "np.ndarray | None"]
+Spans = list[tuple[int, int]]
 
 
 def detect_shape(columns: Iterable[str], column_map: Mapping[str, str] | None = None) -> tuple[str, dict[str, str]]:
@@ -50,6 +60,18 @@ def detect_shape(columns: Iterable[str], column_map: Mapping[str, str] | None = 
                      "{prompt: <column>, completion: <column>}")
 
 
+def template_columns(present: Iterable[str], kwargs: Iterable[str] = ()) -> dict[str, str]:
+    """{template argument: column} for a source with columns `present`: `tools`, `documents` and
+    `chat_template_kwargs` where present, and each of `kwargs` (data.template_kwargs=), which must be there."""
+    present = list(present)
+    missing = [c for c in kwargs if c not in present]
+    if missing:
+        raise InputError(f"data.template_kwargs names {', '.join(map(repr, missing))}, which the rows do not have; "
+                         f"their columns: {', '.join(map(repr, present))}")
+    found = {c: c for c in (*TEMPLATE_COLUMNS, KWARGS_COLUMN) if c in present}
+    return {**found, **{c: c for c in kwargs}}
+
+
 @dataclasses.dataclass
 class ChatStats:
     """What rendering did to the rows, for the run's log and record."""
@@ -59,7 +81,8 @@ class ChatStats:
     no_assistant: int = 0  # conversations with no assistant turn: skipped
     truncated: int = 0  # longer than seq_len: cut to it
     cut_out: int = 0  # truncated until no target was left: skipped
-    split_tokens: int = 0  # a token merged across a turn boundary: the turns tokenized one by one
+    split_tokens: int = 0  # a token merged across the start of a target span: the pieces tokenized apart
+    boundary: int = 0  # prompt/completion strings whose joined text tokenizes otherwise at the boundary
     tokens: int = 0
     targets: int = 0
 
@@ -67,29 +90,33 @@ class ChatStats:
         """One log line; the counts a user would want to act on are named even when 0."""
         return (f"chat: {self.documents} of {self.rows} rows kept ({self.tokens} tokens, {self.targets} targets); "
                 f"{self.no_assistant} skipped with no assistant turn, {self.truncated} truncated to seq_len "
-                f"({self.cut_out} of them skipped: no target left), {self.split_tokens} tokenized turn by turn")
+                f"({self.cut_out} of them skipped: no target left), {self.split_tokens} tokenized apart at a target's "
+                f"start, {self.boundary} prompt/completion rows tokenized apart from their joined text")
 
 
 class ChatRenderer:
-    """Renders one row of `shape` (`detect_shape`) into a Document (ids, labels with -100 where no loss is taken)
-    with `tokenizer` (a transformers tokenizer). `train_on`: `assistant` (every assistant turn / the completion),
-    `last` (the last assistant turn), `all` (every token). A row longer than `seq_len` is cut and counted, or
-    refused with `truncate=False`. `chat_template` (a Jinja string) replaces the tokenizer's own."""
+    """Renders rows of `shape` (`detect_shape`) into Documents (ids, labels with -100 where no loss is taken) with
+    `tokenizer` (a transformers tokenizer). `train_on`: `assistant` (every assistant turn / the completion), `last`
+    (the last assistant turn), `all` (every token). A row longer than `seq_len` is cut and counted, or refused with
+    `truncate=False`. `chat_template` (a Jinja string) replaces the tokenizer's own. `template_columns`: {template
+    argument: column} of what else a row gives its template (`template_columns()`)."""
 
     def __init__(self, tokenizer: Any, shape: str, columns: Mapping[str, str], train_on: str = "assistant",
-                 seq_len: int | None = None, truncate: bool = True, chat_template: str | None = None):
+                 seq_len: int | None = None, truncate: bool = True, chat_template: str | None = None,
+                 template_columns: Mapping[str, str] | None = None):
         if train_on not in TRAIN_ON:
             raise InputError(f"data.train_on={train_on!r}; valid: {', '.join(TRAIN_ON)}")
         if shape not in SHAPES:
             raise InputError(f"chat shape {shape!r}; valid: {', '.join(SHAPES)}")
         self.tokenizer, self.shape, self.columns, self.train_on = tokenizer, shape, dict(columns), train_on
         self.seq_len, self.truncate = seq_len, truncate
+        self.template_columns = dict(template_columns or {})
         self.template = chat_template or getattr(tokenizer, "chat_template", None)
         self.name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
         self.eos = getattr(tokenizer, "eos_token_id", None)
-        unk = getattr(tokenizer, "unk_token_id", None)
-        self.ends = (set(getattr(tokenizer, "all_special_ids", ())) - {unk}) | ({self.eos} - {None})
         self.stats = ChatStats()
+        self._renderer: Renderer | None = None
+        self._lead: list[int] | None = None
 
     def check_template(self, needed: bool | None = None) -> None:
         """Refuse conversations (`needed`; default: when the rows are `messages`) with no chat template to render
@@ -99,23 +126,48 @@ class ChatRenderer:
                              "template; use a chat / instruct model's tokenizer, set data.chat_template= (a Jinja "
                              "template or a file holding one), or give the rows as prompt/completion strings")
 
+    @property
+    def renderer(self) -> Renderer:
+        self.check_template(needed=True)
+        if self._renderer is None:
+            self._renderer = Renderer(self.tokenizer, self.template, self.name)
+        return self._renderer
+
+    # ---- rows to documents ---------------------------------------------------------------------------------------
     def document(self, row: Mapping[str, Any], index: int) -> Document | None:
         """Row `index` as a Document, or None when it is skipped (no assistant turn, or truncated to no target)."""
-        missing = [c for c in self.columns.values() if c not in row]
-        if missing:
-            raise InputError(f"data=chat: row {index} has no {', '.join(map(repr, missing))} column; its columns: "
-                             f"{', '.join(map(repr, row))}")
-        self.stats.rows += 1
-        spans = self._rendered(row, index)
-        if spans is None:
-            self.stats.no_assistant += 1
-            return None
-        ids, targets = spans
+        return self.documents([row], index)[0]
+
+    def documents(self, rows: list[Mapping[str, Any]], start: int = 0,
+                  indices: list[int] | None = None) -> list[Document | None]:
+        """The Documents of `rows` (numbered from `start`, or by `indices`), None where a row is skipped; tokenized
+        together."""
+        indices = list(range(start, start + len(rows))) if indices is None else indices
+        laid = []
+        for index, row in zip(indices, rows, strict=True):
+            missing = [c for c in self.columns.values() if c not in row]
+            if missing:
+                raise InputError(f"data=chat: row {index} has no {', '.join(map(repr, missing))} column; its "
+                                 f"columns: {', '.join(map(repr, row))}")
+            self.stats.rows += 1
+            laid.append(self._lay(row, index))
+        encoded = self._encode([lay for lay in laid if lay is not None and isinstance(lay[0], str)])
+        out = []
+        for lay in laid:
+            if lay is None:
+                self.stats.no_assistant += 1
+                out.append(None)
+                continue
+            ids, targets = next(encoded) if isinstance(lay[0], str) else lay
+            out.append(self._finish(ids, targets, indices[len(out)]))
+        return out
+
+    def _finish(self, ids: np.ndarray, targets: Spans | None, index: int) -> Document | None:
         labels = None
         if targets is not None:
             labels = np.full(len(ids), IGNORE, dtype=np.int64)
-            for start, end in targets:
-                labels[start:end] = ids[start:end]
+            for a, b in targets:
+                labels[a:b] = ids[a:b]
             if not (labels != IGNORE).any():  # only empty assistant turns: nothing to learn, never an empty mask
                 self.stats.no_assistant += 1
                 return None
@@ -140,107 +192,154 @@ class ChatRenderer:
         if self.shape != "prompt/completion":
             raise InputError(f"data=chat: prompt and completion ids need prompt/completion rows, these are "
                              f"{self.shape} (map columns with data.columns={{prompt: ..., completion: ...}})")
-        ids, targets = self._rendered(row, index, train_on="assistant")
-        (start, end), = targets
-        return ids[:start], ids[start:end]
+        lay = self._lay(row, index, train_on="assistant")
+        if lay is None:
+            raise InputError(f"data=chat: row {index}'s completion has no assistant turn to generate")
+        ids, targets = next(self._encode([lay])) if isinstance(lay[0], str) else lay
+        return ids[: targets[0][0]], ids[targets[0][0]: targets[-1][1]]
 
-    # ---- rendering -------------------------------------------------------------------------------------------
-    def _rendered(self, row: Mapping[str, Any], index: int,
-                  train_on: str | None = None) -> tuple[np.ndarray, list[tuple[int, int]] | None] | None:
-        """(ids, target spans; None = every token) of a row, None for a conversation with no assistant turn."""
+    # ---- rendering ---------------------------------------------------------------------------------------------
+    def _lay(self, row: Mapping[str, Any], index: int, train_on: str | None = None
+             ) -> tuple[str, Spans | None] | tuple[np.ndarray, Spans | None] | None:
+        """A row as (text, target character spans; None = every token) to tokenize, or as (ids, target token spans)
+        for prompt/completion strings, or None for a conversation with no assistant turn."""
         train_on = train_on or self.train_on
-        if self.shape == "messages":
+        if self.shape == "prompt/completion":
+            prompt, completion = (_scalar(row[self.columns[n]]) for n in ("prompt", "completion"))
+            if isinstance(prompt, str) and isinstance(completion, str):
+                return self._strings(prompt, completion, train_on)
+            if isinstance(prompt, str) or isinstance(completion, str):
+                raise InputError(f"data=chat: row {index}'s prompt and completion are a {type(prompt).__name__} "
+                                 f"and a {type(completion).__name__}; give both as strings or both as message lists")
+            first = _messages(prompt, index, self.columns["prompt"])
+            messages = first + _messages(completion, index, self.columns["completion"], len(first))
+            pick = [k for k, m in enumerate(messages) if k >= len(first) and m["role"] == "assistant"]
+        else:
             messages = _messages(row[self.columns["messages"]], index, self.columns["messages"])
-            turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
-            if train_on == "all":
-                return self._tokens([self._render(messages, index)])[0], None
-            if not turns:
-                return None
-            return self._turns(messages, turns[-1:] if train_on == "last" else turns, index)
-        prompt, completion = (_scalar(row[self.columns[n]]) for n in ("prompt", "completion"))
-        if isinstance(prompt, str) and isinstance(completion, str):
-            first, second = self._tokens([prompt, completion])
-            tail = [self.eos] if self.eos is not None else []
-            ids = np.asarray(list(first) + list(second) + tail, dtype=np.int64)
-            return ids, (None if train_on == "all" else [(len(first), len(ids))])
-        if isinstance(prompt, str) or isinstance(completion, str):
-            raise InputError(f"data=chat: row {index}'s prompt and completion are a {type(prompt).__name__} and a "
-                             f"{type(completion).__name__}; give both as strings or both as message lists")
-        messages = _messages(prompt, index, self.columns["prompt"]) + \
-            _messages(completion, index, self.columns["completion"])
-        ids, spans = self._turns(messages, [len(prompt)], index, whole_tail=True)
-        return ids, (None if train_on == "all" else spans)
+            pick = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+        if not pick and train_on != "all":
+            return None
+        tools, documents, kwargs = self._arguments(row, index)
+        text, spans = self._render(messages, tools, documents, kwargs, index, pick, train_on)
+        return text, spans
 
-    def _render(self, messages: list[dict[str, Any]], index: int, generation: bool = False) -> str:
-        """The chat template's text for `messages` (with the generation prompt if asked)."""
-        self.check_template(needed=True)
-        continues = generation and bool(messages) and messages[-1]["role"] == "assistant"
+    def _render(self, messages: list[dict[str, Any]], tools: Any, documents: Any, kwargs: dict[str, Any],
+                index: int, pick: list[int], train_on: str) -> tuple[str, Spans | None]:
+        renderer = self.renderer
         try:
-            return self.tokenizer.apply_chat_template(
-                messages, tokenize=False, chat_template=self.template, add_generation_prompt=generation and not
-                continues, continue_final_message=continues)
-        except Exception as err:
-            if not _template_error(err):
-                raise
-            raise InputError(f"data=chat: the chat template of {self.name!r} refused row {index}'s first "
-                             f"{len(messages)} messages: {err}") from None
+            text, blocks = renderer.render(messages, tools, documents, kwargs, spans=renderer.markers)
+            if train_on == "all":
+                return text, None
+            if renderer.markers:  # the template's own markers decide
+                if self.shape == "prompt/completion":  # the blocks of the completion: after the prompt's render
+                    prompt = [m for k, m in enumerate(messages) if k < pick[0]]
+                    cut = len(renderer.render(prompt, tools, documents, kwargs, generation=True)[0]) if prompt else 0
+                    blocks = [b for b in blocks if b[0] >= cut]
+                return text, blocks[-1:] if train_on == "last" else blocks
+            found = renderer.spans(messages, tools, documents, kwargs, text, index)
+        except InputError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the template refused the row: say which row and field
+            raise InputError(_refusal(err, messages, index, self.name)) from None
+        chosen = pick[-1:] if train_on == "last" else pick
+        return text, [found[k] for k in chosen]
 
-    def _tokens(self, texts: list[str]) -> list[np.ndarray]:
-        """Token ids of each text, without the tokenizer's automatic special tokens (a template writes its own)."""
-        return [np.asarray(ids, dtype=np.int64) for ids in encode(self.tokenizer, texts)]
+    def _arguments(self, row: Mapping[str, Any], index: int) -> tuple[Any, Any, dict[str, Any]]:
+        """The row's tools, documents and other template arguments (JSON strings read; datasets' None fill
+        dropped)."""
+        values = {}
+        for name, column in self.template_columns.items():
+            value = row.get(column)
+            if isinstance(value, str) and name in (*TEMPLATE_COLUMNS, KWARGS_COLUMN):
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    raise InputError(f"data=chat: row {index}'s {column!r} is a string that is not JSON; give "
+                                     f"{name} as a list (or a JSON string of one)") from None
+            values[name] = _drop_none(value)
+        kwargs = dict(values.pop(KWARGS_COLUMN, None) or {})
+        kwargs.update({k: v for k, v in values.items() if k not in TEMPLATE_COLUMNS})
+        return values.get("tools"), values.get("documents"), kwargs
 
-    def _turns(self, messages: list[dict[str, Any]], turns: list[int], index: int,
-               whole_tail: bool = False) -> tuple[np.ndarray, list[tuple[int, int]]]:
-        """Ids of the whole conversation and the target span of each turn in `turns`: from the end of the render of
-        messages[:k] with the generation prompt to the end of messages[:k+1] (`whole_tail`: to the end)."""
-        full = self._render(messages, index)
-        texts, cuts = [full], []
-        for k in turns:
-            cuts += [self._render(messages[:k], index, generation=True),
-                     full if whole_tail else self._render(messages[: k + 1], index)]
-        before = ""
-        for j, text in enumerate(cuts):  # each render starts the next, and the whole conversation
-            for earlier, later in ((before, text), (text, full)):
-                if not later.startswith(earlier):
-                    self._unstable(turns[j // 2] + (j % 2), index, earlier, later)
-            before = text
-        ids = self._tokens(texts + cuts)
-        whole, pieces = ids[0], ids[1:]
-        if all(len(p) <= len(whole) and np.array_equal(whole[: len(p)], p) for p in pieces):
-            bounds = [len(p) for p in pieces]
-        else:  # a token spans a turn boundary: tokenize the pieces between boundaries one by one
-            self.stats.split_tokens += 1
-            edges = [0] + [len(t) for t in cuts] + [len(full)]
-            parts = self._tokens([full[a:b] for a, b in zip(edges, edges[1:], strict=False)])
-            whole = np.concatenate(parts) if parts else whole
-            bounds = list(np.cumsum([len(p) for p in parts[:-1]]))
-        spans = [(int(bounds[i]), self._end(whole, int(bounds[i]), int(bounds[i + 1])))
-                 for i in range(0, len(bounds), 2)]
-        return whole, spans
+    # ---- tokens -----------------------------------------------------------------------------------------------
+    def _encode(self, lays: list[tuple[str, Spans | None]]) -> Iterator[tuple[np.ndarray, Spans | None]]:
+        """Each (text, character spans) as (ids, token spans). The text is tokenized in pieces cut at each span's
+        ends, so a target's first token is what a model given the text before it would write next (a token that
+        would run across that cut in the whole text's tokenization is counted: `split_tokens`)."""
+        cuts = [[0, len(t)] if s is None else sorted({0, len(t), *(p for span in s for p in span)}) for t, s in lays]
+        pieces = [t[a:b] for (t, _), c in zip(lays, cuts, strict=True) for a, b in zip(c, c[1:], strict=False)]
+        encoded = encode(self.tokenizer, pieces + [t for t, s in lays if s is not None and len(s)])
+        wholes = iter(encoded[len(pieces):])
+        at = 0
+        for (_, spans), c in zip(lays, cuts, strict=True):
+            parts = encoded[at: at + len(c) - 1]
+            at += len(c) - 1
+            ids = np.asarray([i for p in parts for i in p], dtype=np.int64)
+            if spans is None:
+                yield ids, None
+                continue
+            if spans and list(next(wholes)) != ids.tolist():
+                self.stats.split_tokens += 1
+            bound = dict(zip(c, np.cumsum([0] + [len(p) for p in parts]).tolist(), strict=True))
+            yield ids, [(bound[a], bound[b]) for a, b in spans]
 
-    def _end(self, ids: np.ndarray, start: int, end: int) -> int:
-        """Where a turn's targets end: after its last special token (the end of turn); the template's whitespace
-        after it is not for the model to produce. Without one, the whole turn."""
-        for j in range(end - 1, start - 1, -1):
-            if int(ids[j]) in self.ends:
-                return j + 1
-        return end
-
-    def _unstable(self, k: int, index: int, before: str, text: str) -> None:
-        """Refuse a template whose render of a conversation's start is not the start of a longer render."""
-        at = next((i for i, (a, b) in enumerate(zip(before, text, strict=False)) if a != b), len(before))
-        raise InputError(
-            f"data=chat: the chat template of {self.name!r} is not prefix-stable: on row {index}, rendering its "
-            f"first {k} messages and then more changes what was already rendered (at character {at}: "
-            f"{before[at:at + 24]!r} became {text[at:at + 24]!r}), so the assistant's tokens cannot be found turn "
-            "by turn and the loss mask is refused; set data.chat_template= to a template that renders earlier turns "
-            "the same whatever follows, or data.train_on=all")
+    def _strings(self, prompt: str, completion: str, train_on: str) -> tuple[np.ndarray, Spans | None]:
+        """Prompt/completion strings as a model sees them: the tokenizer's BOS (where it adds one) and the prompt
+        tokenized alone, then the completion and EOS (unless the completion ends with it)."""
+        if self._lead is None:
+            self._lead = _leading_specials(self.tokenizer)
+        first, second, joined = encode(self.tokenizer, [prompt, completion, prompt + completion])
+        if list(first) + list(second) != list(joined):
+            self.stats.boundary += 1
+        eos = self.tokenizer.eos_token
+        tail = [self.eos] if self.eos is not None and not (eos and completion.endswith(eos)) else []
+        ids = np.asarray(self._lead + list(first) + list(second) + tail, dtype=np.int64)
+        start = len(self._lead) + len(first)
+        return ids, (None if train_on == "all" else [(start, len(ids))])
 
 
-def _template_error(err: BaseException) -> bool:
-    """True for jinja2's TemplateError (a template refusing a row), found by class without importing jinja2: only
-    transformers' `apply_chat_template` needs it (transformers' `chat-template` extra)."""
-    return any(c.__name__ == "TemplateError" and c.__module__.startswith("jinja2") for c in type(err).__mro__)
+def _leading_specials(tokenizer: Any) -> list[int]:
+    """The ids a tokenizer puts before a text on its own (Llama 3's BOS), found by tokenizing one word both ways."""
+    plain = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    full = list(tokenizer("a", add_special_tokens=True)["input_ids"])
+    for k in range(len(full) - len(plain) + 1):
+        if full[k: k + len(plain)] == plain:
+            return full[:k]
+    return []
+
+
+def _refusal(err: BaseException, messages: list[dict[str, Any]], index: int, name: str) -> str:
+    """What a template's failure on row `index` was, naming the field that caused it where one can be told."""
+    said = " ".join(str(err).split())[:240] or type(err).__name__
+    for k, m in enumerate(messages):
+        content = m.get("content")
+        if isinstance(content, list) and not isinstance(err, _TemplateErrorTypes()):
+            return (f"data=chat: row {index}: messages[{k}].content is a list of parts, and the chat template of "
+                    f"{name!r} takes strings ({type(err).__name__}: {said}); join the parts' text into one string, "
+                    "or set data.chat_template= to a template that reads parts")
+    hint = ""
+    if messages and messages[0].get("role") == "assistant":
+        hint = "; messages[0] is an assistant turn, and this template wants the conversation to open otherwise"
+    elif not _TemplateErrorTypes() or not isinstance(err, _TemplateErrorTypes()):
+        hint = f" ({type(err).__name__})"
+    return f"data=chat: row {index}: the chat template of {name!r} refused the conversation: {said}{hint}"
+
+
+def _TemplateErrorTypes() -> tuple[type, ...]:  # noqa: N802 - a tuple of types, as isinstance takes it
+    try:
+        from jinja2 import TemplateError
+    except ImportError:
+        return ()
+    return (TemplateError,)
+
+
+def _drop_none(value: Any) -> Any:
+    """`value` without the None-valued keys `datasets` fills in where rows' dicts differ (nested too)."""
+    if isinstance(value, Mapping):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_drop_none(v) for v in value]
+    return value
 
 
 def _scalar(value: Any) -> Any:
@@ -248,22 +347,35 @@ def _scalar(value: Any) -> Any:
     return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
-def _messages(value: Any, index: int, column: str) -> list[dict[str, Any]]:
-    """A row's message list as {role, content} dicts (ShareGPT's {from, value} with human/gpt roles is read too)."""
+def _messages(value: Any, index: int, column: str, first: int = 0) -> list[dict[str, Any]]:
+    """A row's message list as dicts (ShareGPT's {from, value} with human/gpt roles read too; None-valued keys, which
+    `datasets` fills in, dropped), each checked for what a template needs: a role, and content that is a string, a
+    list of parts or absent. `first` numbers the messages (a completion's follow its prompt's)."""
     if not isinstance(value, (list, tuple)):
         raise InputError(f"data=chat: row {index}'s {column!r} is a {type(value).__name__}, not a list of "
                          "{role, content} messages")
+    if not value:
+        raise InputError(f"data=chat: row {index}'s {column!r} is an empty list of messages")
     out = []
-    for message in value:
-        if isinstance(message, Mapping) and "role" in message and "content" in message:
-            out.append(dict(message))
-        elif isinstance(message, Mapping) and "from" in message and "value" in message:
-            role = _SHAREGPT_ROLES.get(str(message["from"]), str(message["from"]))
-            out.append({"role": role, "content": message["value"]})
-        else:
-            got = sorted(message) if isinstance(message, Mapping) else type(message).__name__
-            raise InputError(f"data=chat: row {index}'s {column!r} holds a message with {got}, not role and content "
-                             "(or ShareGPT's from and value)")
+    for k, message in enumerate(value, first):
+        where = f"row {index}: {column}[{k - first}]"
+        if not isinstance(message, Mapping):
+            raise InputError(f"data=chat: {where} is a {type(message).__name__}, not a message (a dict with role and "
+                             "content)")
+        if "from" in message and "value" in message and "role" not in message:
+            message = {"role": _SHAREGPT_ROLES.get(str(message["from"]), str(message["from"])),
+                       "content": message["value"]}
+        message = {key: _drop_none(v) for key, v in message.items() if v is not None}
+        if not isinstance(message.get("role"), str) or not (set(message) & _SAYS):
+            raise InputError(f"data=chat: {where} has no {'role' if 'role' not in message else 'content'} (its keys: "
+                             f"{', '.join(map(repr, message)) or 'none'}); a message is {{role, content}} (or "
+                             "ShareGPT's {from, value}; an assistant's tool_calls or reasoning may stand for content)")
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise InputError(f"data=chat: {where}.content is a {type(content).__name__} ({content!r:.40}); a "
+                             "message's content is a string (or a list of {type: text, text: ...} parts where the "
+                             "template reads them)")
+        out.append(message)
     return out
 
 
@@ -278,4 +390,5 @@ def documents(rows: Iterable[Mapping[str, Any]], renderer: ChatRenderer, start: 
         raise InputError(f"data=chat: no row is left to train on: {renderer.stats.line()}")
 
 
-__all__ = ["ChatRenderer", "ChatStats", "Document", "IGNORE", "SHAPES", "TRAIN_ON", "detect_shape", "documents"]
+__all__ = ["ChatRenderer", "ChatStats", "Document", "IGNORE", "KWARGS_COLUMN", "SHAPES", "TEMPLATE_COLUMNS",
+           "TRAIN_ON", "detect_shape", "documents", "template_columns"]

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from framework.data import sources
-from framework.data.chat import SHAPES, TRAIN_ON, ChatRenderer, Document, detect_shape
+from framework.data.chat import SHAPES, TRAIN_ON, ChatRenderer, Document, detect_shape, template_columns
 from framework.data.packing import PackWriter, fingerprint, token_dtype
 from framework.data.user_text import TextData, held_out
 from framework.errors import InputError
@@ -29,6 +29,8 @@ from framework.errors import InputError
 log = logging.getLogger("framework.run")
 #: documents best-fit together (TRL's BFD runs per `map` batch of 1,000)
 BFD_WINDOW = 8192
+#: how the loss mask is found (in the cache's identity: a cache built another way is not reused)
+MASK_VERSION = "one-render-1"
 
 
 class ChatData(TextData):
@@ -46,6 +48,7 @@ class ChatData(TextData):
         train_on: str = "assistant",
         truncate: bool = True,
         chat_template: str | None = None,
+        template_kwargs: list[str] | None = None,
         revision: str | None = None,
         format: str | None = None,  # noqa: A002 - the user's word for it (data.format=json)
         split: str = "train",
@@ -64,7 +67,8 @@ class ChatData(TextData):
         self.column_map = dict(columns or {})
         self.train_on, self.truncate = train_on, bool(truncate)
         self.chat_template = _template(chat_template)
-        self.shape, self.columns = "", {}
+        self.template_kwargs = [str(c) for c in (template_kwargs or [])]
+        self.shape, self.columns, self.template_columns = "", {}, {}
         super().__init__(source=source, column="messages", revision=revision, format=format, split=split,
                          val_split=val_split, val_fraction=val_fraction, seq_len=seq_len, packing=packing,
                          batch_size=batch_size, seed=seed, num_workers=num_workers, cache_dir=cache_dir,
@@ -93,7 +97,7 @@ class ChatData(TextData):
         if self.tokenizer is None:
             raise InputError(no_tokenizer())
         return ChatRenderer(self.tokenizer, self.shape, self.columns, self.train_on, self.seq_len, self.truncate,
-                            self.chat_template)
+                            self.chat_template, self.template_columns)
 
     # ---- the source -----------------------------------------------------------------------------------------
     def _check(self, split: str, val_split: str | None) -> str | None:
@@ -106,6 +110,7 @@ class ChatData(TextData):
             super()._check(split, val_split)
             columns = self._peek(split) or []
         self.shape, self.columns = detect_shape(columns, self.column_map)
+        self.template_columns = template_columns(columns, self.template_kwargs)
         sources.remember(self.root, key, {"columns": columns})
         self.column = self.columns[SHAPES[self.shape][0]]
         return super()._check(split, val_split)
@@ -132,8 +137,8 @@ class ChatData(TextData):
         try:
             for batch in rows.iter(batch_size=1000):
                 size = len(next(iter(batch.values()), []))
-                docs = [renderer.document({c: batch[c][k] for c in self.columns.values() if c in batch}, index + k)
-                        for k in range(size)]
+                wanted = [c for c in self.read_columns() if c in batch]
+                docs = renderer.documents([{c: batch[c][k] for c in wanted} for k in range(size)], index)
                 index += size
                 yield [doc for doc in docs if doc is not None]
         except InputError:
@@ -142,9 +147,13 @@ class ChatData(TextData):
             raise InputError(f"data.source={self.source.spec}: the {split} split cannot be read "
                              f"({' '.join(str(err).split())[:300]})") from None
 
+    def read_columns(self) -> list[str]:
+        """The columns a row's render reads: the shape's, then its template's (tools, documents, arguments)."""
+        return list(dict.fromkeys([*self.columns.values(), *self.template_columns.values()]))
+
     def rows(self, split: str) -> Iterator[dict[str, Any]]:
-        """The split's rows (the shape's columns only), in order."""
-        data = self.source.load(split).select_columns(list(self.columns.values()))
+        """The split's rows (the columns a render reads), in order."""
+        data = self.source.load(split).select_columns(self.read_columns())
         try:
             yield from data
         except ValueError as err:
@@ -166,7 +175,8 @@ class ChatData(TextData):
         template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
         return {**super().identity(), "kind": "chat", "shape": self.shape, "columns": self.columns,
                 "train_on": self.train_on, "truncate": self.truncate, "packer": f"bfd-{BFD_WINDOW}",
-                "template": hashlib.sha256(str(template).encode()).hexdigest()[:16]}
+                "template": hashlib.sha256(str(template).encode()).hexdigest()[:16],
+                "template_columns": self.template_columns, "mask": MASK_VERSION}
 
     def _write(self, folder: Path) -> None:
         dtype = token_dtype(self.vocab_size)
@@ -175,14 +185,18 @@ class ChatData(TextData):
         renderers = {name: self.renderer() for name in writers}
         fits = {name: BestFit(writer, self.seq_len, BFD_WINDOW if self.packing else 1)
                 for name, writer in writers.items()}
-        if self.val_split:
-            for name, split in (("train", self.split), ("val", self.val_split)):
-                for i, row in enumerate(self.rows(split)):
-                    fits[name].add(renderers[name].document(row, i))
-        else:
-            for i, row in enumerate(self.rows(self.split)):
-                name = "val" if held_out(i, self.val_fraction) else "train"
-                fits[name].add(renderers[name].document(row, i))
+        parts = [("train", self.split), ("val", self.val_split)] if self.val_split else [(None, self.split)]
+        for part, split in parts:
+            for start, chunk in _chunks(self.rows(split), 1000):
+                if part is not None:
+                    for doc in renderers[part].documents(chunk, start):
+                        fits[part].add(doc)
+                    continue
+                for name in ("train", "val"):  # the held-out rows by their index, each part's rows rendered together
+                    keep = [i for i in range(len(chunk)) if (name == "val") == held_out(start + i, self.val_fraction)]
+                    docs = renderers[name].documents([chunk[i] for i in keep], indices=[start + i for i in keep])
+                    for doc in docs:
+                        fits[name].add(doc)
         for name, fit in fits.items():
             fit.flush()
             stats = renderers[name].stats
@@ -309,6 +323,19 @@ def best_fit(lengths: list[int], capacity: int) -> list[list[int]]:
         bins[b].append(i)
         bisect.insort(room, (left - lengths[i], b))
     return bins
+
+
+def _chunks(rows: Iterator[dict[str, Any]], size: int) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """(index of the first, rows) in lists of `size`."""
+    chunk: list[dict[str, Any]] = []
+    start = 0
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == size:
+            yield start, chunk
+            start, chunk = start + size, []
+    if chunk:
+        yield start, chunk
 
 
 def chat_line(meta: Mapping[str, Any]) -> str:
