@@ -228,6 +228,11 @@ class ChatRenderer:
         renderer = self.renderer
         try:
             text, blocks = renderer.render(messages, tools, documents, kwargs, spans=renderer.markers)
+            names = _names(tools)
+            if names and not any(n in text for n in names):
+                raise InputError(f"data=chat: row {index}: the chat template of {self.name!r} does not write the "
+                                 f"row's tools ({', '.join(names)}), so the model would call tools it never saw "
+                                 "defined; set data.chat_template= to a template that renders its `tools` argument")
             if train_on == "all":
                 return text, None
             if renderer.markers:  # the template's own markers decide
@@ -241,6 +246,12 @@ class ChatRenderer:
             raise
         except Exception as err:  # noqa: BLE001 - the template refused the row: say which row and field
             raise InputError(_refusal(err, messages, index, self.name)) from None
+        for k in pick:  # a turn's tool calls the template does not write would train an empty turn: refused
+            names = _names(messages[k].get("tool_calls"))
+            if names and not any(n in text[found[k][0]:found[k][1]] for n in names):
+                raise InputError(f"data=chat: row {index}: the chat template of {self.name!r} does not write "
+                                 f"messages[{k}]'s tool_calls ({', '.join(names)}), so the model would learn an empty "
+                                 "turn; set data.chat_template= to a template that renders tool calls")
         chosen = pick[-1:] if train_on == "last" else pick
         return text, [found[k] for k in chosen]
 
@@ -296,6 +307,17 @@ class ChatRenderer:
         ids = np.asarray(self._lead + list(first) + list(second) + tail, dtype=np.int64)
         start = len(self._lead) + len(first)
         return ids, (None if train_on == "all" else [(start, len(ids))])
+
+
+def _names(calls: Any) -> list[str]:
+    """The function names in a list of tools or tool calls (OpenAI's {type, function: {name}} or {name})."""
+    names = []
+    for call in calls or []:
+        if isinstance(call, Mapping):
+            inner = call.get("function") if isinstance(call.get("function"), Mapping) else call
+            if isinstance(inner.get("name"), str) and inner["name"]:
+                names.append(inner["name"])
+    return names
 
 
 def _leading_specials(tokenizer: Any) -> list[int]:

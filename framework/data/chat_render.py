@@ -93,7 +93,10 @@ class Renderer:
             prompted, _ = self.render(user, kwargs=kwargs, generation=True)
         except Exception:  # noqa: BLE001 - a template that needs more than one user turn: no generation prompt known
             plain = prompted = ""
-        opener = prompted[len(plain):] if prompted.startswith(plain) else ""
+        # the generation prompt: what rendering with it adds (a template may end a plain render with its EOS instead)
+        common = next((i for i, (a, b) in enumerate(zip(plain, prompted, strict=False)) if a != b),
+                      min(len(plain), len(prompted)))
+        opener = prompted[common:]
         stops: list[str] = []
         probe = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": "Aa"},
                  {"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": "Bb"}]
@@ -106,10 +109,39 @@ class Renderer:
                 stop = self._first_control(text, places[k][1], len(text))
                 if stop is not None:
                     stops.append(text[stop[0]:stop[1]])
+        stops += self._tool_call_stop(opener, kwargs)
         eos = self.special.get("eos_token")
         if eos:
             stops.append(eos)
-        return Layout(opener, _cuts(opener, self._control), tuple(dict.fromkeys(s for s in stops if s)))
+        cuts = tuple(c for c in _cuts(opener, self._control) if c not in plain)  # never what opens a user's turn
+        return Layout(opener, cuts, tuple(dict.fromkeys(s for s in stops if s)))
+
+    def _tool_call_stop(self, opener: str, kwargs: Mapping[str, Any] | None) -> list[str]:
+        """The token that ends an assistant turn of tool calls (gpt-oss's `<|call|>`): the last control token
+        before the tool result's turn opens (with the token that opens every turn, as the opener does)."""
+        first = self._control.match(opener) if self._control is not None and opener else None
+        if first is None:
+            return []
+        for arguments in ({"x": "1"}, '{"x": "1"}'):
+            call = {"type": "function", "function": {"name": "f", "arguments": arguments}}
+            probe = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "tool_calls": [call]},
+                     {"role": "tool", "name": "f", "content": "Tt"}]
+            try:
+                text, places = self.sentinel_render(probe, None, None, kwargs, {0, 2})
+            except Exception:  # noqa: BLE001 - a template without tool calls, or wanting them otherwise
+                continue
+            if 0 not in places or 2 not in places or places[2][0] < 0:
+                continue
+            low, high = places[0][1], places[2][0]
+            at = text.find(opener, low, high)
+            header = text.rfind(first.group(), low, high)
+            if at < 0 or header <= at:
+                continue
+            last = None
+            for match in self._control.finditer(text, at + len(opener), header):
+                last = match
+            return [] if last is None else [last.group()]
+        return []
 
     def _first_control(self, text: str, start: int, end: int) -> tuple[int, int] | None:
         match = self._control.search(text, start, end) if self._control else None
@@ -158,11 +190,11 @@ class Renderer:
                 "words are marked, so the assistant's tokens cannot be found exactly and the loss mask is refused; "
                 "set data.chat_template= to a template with {% generation %} markers around the assistant's output "
                 "(transformers' assistant mask), or data.train_on=all")
-        return self._assistant_spans(messages, kwargs, text, places, assistant, index)
+        return self._assistant_spans(messages, tools, documents, kwargs, text, places, assistant, index)
 
-    def _assistant_spans(self, messages: list[dict[str, Any]], kwargs: Mapping[str, Any] | None, text: str,
-                         places: dict[int, tuple[int, int]], assistant: list[int], index: int
-                         ) -> dict[int, tuple[int, int]]:
+    def _assistant_spans(self, messages: list[dict[str, Any]], tools: Any, documents: Any,
+                         kwargs: Mapping[str, Any] | None, text: str, places: dict[int, tuple[int, int]],
+                         assistant: list[int], index: int) -> dict[int, tuple[int, int]]:
         layout = self.layout(kwargs)
         ends = {k: e for k, (_, e) in places.items() if e >= 0}
         starts = {k: s for k, (s, _) in places.items() if s >= 0}
@@ -171,10 +203,13 @@ class Renderer:
         done = 0  # the end of the last target span
         for k in assistant:
             anchor = starts.get(k, ends.get(k))
-            if anchor is None:  # no words rendered (a tool call alone): up to the next message's words
+            own = anchor is not None
+            if not own:  # no words rendered (a tool call alone): up to the next message's words
                 anchor = min((p for j, p in {**ends, **starts}.items() if j > k and p >= done), default=len(text))
             low = max([done] + [e for j, e in ends.items() if j < k and e <= anchor])
-            begin = self._open(text, low, anchor, layout)
+            begin = self._open(text, low, anchor, layout, own)
+            if begin is None:  # the template opens this turn otherwise here (DeepSeek's after a tool's output)
+                begin = self._prompted(messages[:k], tools, documents, kwargs, text, low, anchor)
             if begin is None:
                 raise InputError(
                     f"data=chat: the chat template of {self.name!r}: row {index}'s assistant turn "
@@ -202,28 +237,47 @@ class Renderer:
             spans[k] = (start, stop)
         return spans
 
-    def _open(self, text: str, low: int, anchor: int, layout: Layout) -> tuple[int, int] | None:
-        """(where the opener begins, where the targets start) of an assistant turn between `low` and `anchor`: the
-        first place of the generation prompt (or its longest cut found), else after the last control token."""
+    def _open(self, text: str, low: int, anchor: int, layout: Layout, own: bool = True) -> tuple[int, int] | None:
+        """(where the opener begins, where the targets start) of an assistant turn between `low` and `anchor` (the
+        turn's own words when `own`, else the next message's): the first place of the generation prompt (or its
+        longest cut found). A template with no generation prompt (Mistral's `[INST]` ones): after the last control
+        token before the turn's words, or the first one after the message before it."""
         for cut in layout.cuts:
             at = text.find(cut, low, anchor)
             if at >= 0:
                 return at, at + len(cut)
         if layout.opener:
             return None
-        last = None  # no generation prompt (Mistral's [INST] templates): after the control token before the words
-        if self._control is not None:
-            for match in self._control.finditer(text, low, anchor):
-                last = match
-        return (anchor, anchor) if last is None else (last.start(), last.end())
+        matches = list(self._control.finditer(text, low, anchor)) if self._control is not None else []
+        if not matches:
+            return (anchor, anchor) if own else None
+        end = (matches[-1] if own else matches[0]).end()
+        return end, end
+
+    def _prompted(self, before: list[dict[str, Any]], tools: Any, documents: Any, kwargs: Mapping[str, Any] | None,
+                  text: str, low: int, anchor: int) -> tuple[int, int] | None:
+        """Where a turn starts by rendering the conversation before it with the generation prompt (one more render,
+        for a turn the template opens otherwise than its first one): the prompt must start the whole text."""
+        try:
+            prompt, _ = self.render(before, tools, documents, kwargs, generation=True)
+        except Exception:  # noqa: BLE001 - e.g. a template that wants a prompt to end on a user's turn
+            return None
+        if low <= len(prompt) <= anchor and text.startswith(prompt):
+            return len(prompt), len(prompt)
+        return None
 
     def _last_stop(self, text: str, start: int, bound: int, layout: Layout) -> int | None:
-        best = -1
-        for stop in layout.stops:
-            at = text.rfind(stop, start, bound)
-            if at >= 0:
-                best = max(best, at + len(stop))
-        return best if best >= 0 else None
+        """The end of the last end-of-turn token between `start` and `bound`; one that follows another across
+        whitespace only is the template's own after the turn (Phi-3.5's EOS after the last turn), not the turn's."""
+        if not layout.stops:
+            return None
+        found = [m.span() for m in re.finditer("|".join(map(re.escape, layout.stops)), text[start:bound])]
+        if not found:
+            return None
+        k = len(found) - 1
+        while k > 0 and not text[start + found[k - 1][1]: start + found[k][0]].strip():
+            k -= 1
+        return start + found[k][1]
 
 
 def _cuts(opener: str, control: re.Pattern | None) -> tuple[str, ...]:
@@ -237,8 +291,9 @@ def _cuts(opener: str, control: re.Pattern | None) -> tuple[str, ...]:
     cuts = [opener[:e] for e in sorted(ends, reverse=True)]
     first = control.search(opener) if control is not None else None
     floor = first.end() if first is not None and first.start() == 0 else 1
-    # a cut must hold more than the opener's first control token: `<|im_start|>` alone opens every role's turn
-    return tuple(c for c in cuts if len(c) > floor or len(cuts) == 1)
+    # a cut holds at least the opener's first control token (whether that alone opens other roles' turns too, as
+    # `<|im_start|>` does, the caller checks against a user's turn)
+    return tuple(c for c in cuts if len(c) >= floor)
 
 
 def _wrap(message: dict[str, Any], k: int, strip: bool) -> dict[str, Any]:

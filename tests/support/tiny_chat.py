@@ -51,8 +51,10 @@ CONVERSATION = [
 ]
 
 
-def tiny_tokenizer(template: str | None, bos: str | None = None, eos: str = "</s>", split: str = LLAMA3_SPLIT):
-    """A byte-level BPE tokenizer with a few merges ("\\n\\n" among them) and the families' special tokens."""
+def tiny_tokenizer(template: str | None, bos: str | None = None, eos: str = "</s>", split: str = LLAMA3_SPLIT,
+                   specials: list[str] | None = None):
+    """A byte-level BPE tokenizer with a few merges ("\\n\\n" among them) and the families' special tokens
+    (`specials`: a family's own, instead of the ones here)."""
     from transformers import PreTrainedTokenizerFast
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -63,7 +65,8 @@ def tiny_tokenizer(template: str | None, bos: str | None = None, eos: str = "</s
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos,
-                                   additional_special_tokens=[s for s in SPECIALS if s not in (bos, eos)])
+                                   additional_special_tokens=[s for s in (SPECIALS if specials is None else specials)
+                                                              if s not in (bos, eos)])
     fast.chat_template = template
     return fast
 
