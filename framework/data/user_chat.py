@@ -285,7 +285,8 @@ class ChatData(TextData):
                     "documents": counts["train"]["rows"], "val_documents": counts["val"]["rows"], "prompts": counts}
         record = super().record()
         return {**record, "format": f"chat ({self.shape}; {record['format']})", "columns": self.columns,
-                "train_on": self.train_on, "chat": self.meta["train"]["chat"] if self.meta else None}
+                "template_columns": self.template_columns, "train_on": self.train_on,
+                "chat": self.meta["train"]["chat"] if self.meta else None}
 
 
 class BestFit:

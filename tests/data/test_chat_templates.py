@@ -12,8 +12,6 @@ itself refuses is refused for that row, by name. `WHAT_IS_TRAINED` is the table 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from support.chat_families import FAMILIES, available, family_tokenizer, template_text
 
