@@ -18,8 +18,11 @@ trained on it offline (`tokenizers`, wrapped in transformers' PreTrainedTokenize
 (d) Streaming (`data.streaming=true`): the peak RSS (VmHWM, its high-water mark) of a fresh process reading one
     epoch of a corpus and of one 10x larger. Goal: the larger <= 1.1x the smaller. The map-style cache build's peak
     is shown beside.
+(e) Chat data build (tools/bench/_chat_build.py): ChatData building its cache against `datasets` + TRL's SFTTrainer
+    dataset preparation (assistant_only_loss, packing bfd), 5,000 conversations of 2-6 exchanges and 500 of 20-30,
+    alternating rounds on fresh data and caches; the masks compared row by row. Goal: >= 1.0x (stretch: 2x).
 
-    python tools/bench/data.py [--quick] [--rounds 5]
+    python tools/bench/data.py [--quick] [--rounds 5] [--only a b c d e]
 """
 
 from __future__ import annotations
@@ -44,11 +47,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _chat_build  # noqa: E402 - section (e), beside this file
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-SIZES = {"quick": {"docs": 600, "chats": 600, "rss_mb": 0.5, "windows": 3, "window": 5},
-         "full": {"docs": 6000, "chats": 4000, "rss_mb": 4.0, "windows": 8, "window": 5}}
+SIZES = {"quick": {"name": "quick", "docs": 600, "chats": 600, "rss_mb": 0.5, "windows": 3, "window": 5},
+         "full": {"name": "full", "docs": 6000, "chats": 4000, "rss_mb": 4.0, "windows": 8, "window": 5}}
 DIM, DEPTH = 128, 2  # (a)'s model: small, so that a slow reader would show
 
 
@@ -75,11 +80,15 @@ class Words:
         ends = np.cumsum(lengths)
         return [" ".join(words[e - n_:e]) for e, n_ in zip(ends, lengths, strict=True)]
 
-    def chats(self, n: int) -> list[list[dict[str, str]]]:
-        turns = self.rng.integers(1, 5, n)
+    def chats(self, n: int, exchanges: tuple[int, int] = (1, 4), system: bool = False) -> list[list[dict[str, str]]]:
+        """`n` conversations of `exchanges` (a range, both ends included) user + assistant turns each, after a system
+        message if `system`."""
+        turns = self.rng.integers(exchanges[0], exchanges[1] + 1, n)
         users, answers = iter(self.texts(int(turns.sum()), 25)), iter(self.texts(int(turns.sum()), 70))
-        return [[m for _ in range(k) for m in ({"role": "user", "content": next(users)},
-                                               {"role": "assistant", "content": next(answers)})] for k in turns]
+        systems = iter(self.texts(n, 12) if system else [])
+        return [([{"role": "system", "content": next(systems)}] if system else [])
+                + [m for _ in range(k) for m in ({"role": "user", "content": next(users)},
+                                                 {"role": "assistant", "content": next(answers)})] for k in turns]
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -251,9 +260,8 @@ def print_efficiency(text: dict[str, Any], chat: dict[str, Any], chats: int) -> 
     print(f"| chat | ours (data=chat: best-fit decreasing over windows of 8,192) | {c['documents']:,} | "
           f"{ours['tokens']:,} / {c['tokens']:,} | {ours['rows']:,} | {ours['efficiency']:.4f} | "
           f"{ours['efficiency'] / trl_eff:.3f} | side by side |")
-    print(f"\nchat tokenize + pack, for the record: ours {chat['ours_secs']:.2f} s (each conversation rendered turn by "
-          f"turn to find the assistant's tokens), TRL {chat['trl_secs']:.2f} s (one render per conversation, no loss "
-          "mask without {% generation %} markers)\n")
+    print(f"\nchat tokenize + pack, for the record: ours {chat['ours_secs']:.2f} s (the assistant's tokens found in one "
+          f"render), TRL {chat['trl_secs']:.2f} s (apply_chat_template without a mask; (e) times both with masks)\n")
 
 
 # ---- (a) the training step: files vs tensors in memory -----------------------------------------------------------
@@ -452,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", nargs="+", choices=list("abcde"), default=list("abcde"),
+                        help="the sections to run (default: all)")
     parser.add_argument("--rss-child", nargs=4, metavar=("FOLDER", "TOKENIZER", "MODE", "CACHE"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -463,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
-    size = SIZES["quick" if args.quick else "full"]
+    size, only = SIZES["quick" if args.quick else "full"], set(args.only)
     rounds = 1 if args.quick else args.rounds
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -473,13 +483,21 @@ def main(argv: list[str] | None = None) -> int:
         corpus = write_jsonl(tmp / "corpus" / "train.jsonl", [{"text": t} for t in texts])
         tokenizer = train_tokenizer(texts[:2000], tmp / "tokenizer")
         chats = write_jsonl(tmp / "chats" / "train.jsonl", [{"messages": m} for m in words.chats(size["chats"])])
-        text = pipelines(corpus, tokenizer, 512, rounds, tmp)  # first: (a) trains on the cache it builds
-        runs = reader(text["data"], rounds, size["windows"], size["window"], tmp)
-        print_reader(runs, text["data"], rounds)
-        print_pipelines(text, corpus, size["docs"])
-        chat = chat_packing(chats, tokenizer, 1024, tmp / "chat")
-        print_efficiency(text, chat, size["chats"])
-        print_rss(rss(words, tmp / "tokenizer", size["rss_mb"], tmp))
+        if only & set("abc"):
+            text = pipelines(corpus, tokenizer, 512, rounds, tmp)  # first: (a) trains on the cache it builds
+        if "a" in only:
+            runs = reader(text["data"], rounds, size["windows"], size["window"], tmp)
+            print_reader(runs, text["data"], rounds)
+        if "b" in only:
+            print_pipelines(text, corpus, size["docs"])
+        if "c" in only:
+            chat = chat_packing(chats, tokenizer, 1024, tmp / "chat")
+            print_efficiency(text, chat, size["chats"])
+        if "d" in only:
+            print_rss(rss(words, tmp / "tokenizer", size["rss_mb"], tmp))
+        if "e" in only:
+            n = max(2, rounds) if args.quick else rounds  # two even when quick: the order turns once
+            _chat_build.print_results(_chat_build.run(words, tokenizer, CHATML, size["name"], n, tmp), n)
     return 0
 
 
