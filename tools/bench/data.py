@@ -260,8 +260,8 @@ def print_efficiency(text: dict[str, Any], chat: dict[str, Any], chats: int) -> 
     print(f"| chat | ours (data=chat: best-fit decreasing over windows of 8,192) | {c['documents']:,} | "
           f"{ours['tokens']:,} / {c['tokens']:,} | {ours['rows']:,} | {ours['efficiency']:.4f} | "
           f"{ours['efficiency'] / trl_eff:.3f} | side by side |")
-    print(f"\nchat tokenize + pack, for the record: ours {chat['ours_secs']:.2f} s (the assistant's tokens found in one "
-          f"render), TRL {chat['trl_secs']:.2f} s (apply_chat_template without a mask; (e) times both with masks)\n")
+    print(f"\nchat tokenize + pack, for the record: ours {chat['ours_secs']:.2f} s (the assistant's tokens found in "
+          f"one render), TRL {chat['trl_secs']:.2f} s (apply_chat_template, no mask; (e) times both with masks)\n")
 
 
 # ---- (a) the training step: files vs tensors in memory -----------------------------------------------------------
