@@ -275,12 +275,17 @@ class ChatRenderer:
     # ---- tokens -----------------------------------------------------------------------------------------------
     def _encode(self, lays: list[tuple[str, Spans | None]]) -> Iterator[tuple[np.ndarray, Spans | None]]:
         """Each (text, character spans) as (ids, token spans). The text is tokenized in pieces cut at each span's
-        ends, so a target's first token is what a model given the text before it would write next (a token that
-        would run across that cut in the whole text's tokenization is counted: `split_tokens`)."""
+        ends, so a target's first token is what a model given the text before it would write next. A row where the
+        whole text's tokenization would run a token across a target's start is counted (`split_tokens`), found on
+        the 32 characters either side of each start (a tokenizer's merges reach no further)."""
         cuts = [[0, len(t)] if s is None else sorted({0, len(t), *(p for span in s for p in span)}) for t, s in lays]
         pieces = [t[a:b] for (t, _), c in zip(lays, cuts, strict=True) for a, b in zip(c, c[1:], strict=False)]
-        encoded = encode(self.tokenizer, pieces + [t for t, s in lays if s is not None and len(s)])
-        wholes = iter(encoded[len(pieces):])
+        near = []
+        for text, spans in lays:
+            for a, _ in spans or ():
+                near += [text[max(0, a - 32):a], text[a:a + 32], text[max(0, a - 32):a + 32]]
+        encoded = encode(self.tokenizer, pieces + near)
+        checks = iter(encoded[len(pieces):])
         at = 0
         for (_, spans), c in zip(lays, cuts, strict=True):
             parts = encoded[at: at + len(c) - 1]
@@ -289,8 +294,8 @@ class ChatRenderer:
             if spans is None:
                 yield ids, None
                 continue
-            if spans and list(next(wholes)) != ids.tolist():
-                self.stats.split_tokens += 1
+            merged = [list(next(checks)) + list(next(checks)) != list(next(checks)) for _ in spans]
+            self.stats.split_tokens += any(merged)
             bound = dict(zip(c, np.cumsum([0] + [len(p) for p in parts]).tolist(), strict=True))
             yield ids, [(bound[a], bound[b]) for a, b in spans]
 
