@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from framework.data.chat_render import Renderer
+from framework.data.chat_rows import drop_none, leading_specials, messages_of, names_in, refusal, scalar
 from framework.data.packing import encode
 from framework.errors import InputError
 
@@ -31,10 +32,6 @@ IGNORE = -100
 #: columns a row's template reads when present (TRL's names); `chat_template_kwargs` holds more arguments as a dict
 TEMPLATE_COLUMNS = ("tools", "documents")
 KWARGS_COLUMN = "chat_template_kwargs"
-#: what a message says: its content, or (an assistant's) tool calls or reasoning in their place
-_SAYS = {"content", "tool_calls", "reasoning_content", "thinking", "reasoning"}
-#: ShareGPT's spelling of a message, read as TRL's
-_SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "tool": "tool"}
 
 Document = tuple[np.ndarray, "np.ndarray | None"]
 Spans = list[tuple[int, int]]
@@ -205,17 +202,17 @@ class ChatRenderer:
         for prompt/completion strings, or None for a conversation with no assistant turn."""
         train_on = train_on or self.train_on
         if self.shape == "prompt/completion":
-            prompt, completion = (_scalar(row[self.columns[n]]) for n in ("prompt", "completion"))
+            prompt, completion = (scalar(row[self.columns[n]]) for n in ("prompt", "completion"))
             if isinstance(prompt, str) and isinstance(completion, str):
                 return self._strings(prompt, completion, train_on)
             if isinstance(prompt, str) or isinstance(completion, str):
                 raise InputError(f"data=chat: row {index}'s prompt and completion are a {type(prompt).__name__} "
                                  f"and a {type(completion).__name__}; give both as strings or both as message lists")
-            first = _messages(prompt, index, self.columns["prompt"])
-            messages = first + _messages(completion, index, self.columns["completion"], len(first))
+            first = messages_of(prompt, index, self.columns["prompt"])
+            messages = first + messages_of(completion, index, self.columns["completion"], len(first))
             pick = [k for k, m in enumerate(messages) if k >= len(first) and m["role"] == "assistant"]
         else:
-            messages = _messages(row[self.columns["messages"]], index, self.columns["messages"])
+            messages = messages_of(row[self.columns["messages"]], index, self.columns["messages"])
             pick = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
         if not pick and train_on != "all":
             return None
@@ -228,7 +225,7 @@ class ChatRenderer:
         renderer = self.renderer
         try:
             text, blocks = renderer.render(messages, tools, documents, kwargs, spans=renderer.markers)
-            names = _names(tools)
+            names = names_in(tools)
             if names and not any(n in text for n in names):
                 raise InputError(f"data=chat: row {index}: the chat template of {self.name!r} does not write the "
                                  f"row's tools ({', '.join(names)}), so the model would call tools it never saw "
@@ -245,9 +242,9 @@ class ChatRenderer:
         except InputError:
             raise
         except Exception as err:  # noqa: BLE001 - the template refused the row: say which row and field
-            raise InputError(_refusal(err, messages, index, self.name)) from None
+            raise InputError(refusal(err, messages, index, self.name)) from None
         for k in pick:  # a turn's tool calls the template does not write would train an empty turn: refused
-            names = _names(messages[k].get("tool_calls"))
+            names = names_in(messages[k].get("tool_calls"))
             if names and not any(n in text[found[k][0]:found[k][1]] for n in names):
                 raise InputError(f"data=chat: row {index}: the chat template of {self.name!r} does not write "
                                  f"messages[{k}]'s tool_calls ({', '.join(names)}), so the model would learn an empty "
@@ -267,7 +264,7 @@ class ChatRenderer:
                 except ValueError:
                     raise InputError(f"data=chat: row {index}'s {column!r} is a string that is not JSON; give "
                                      f"{name} as a list (or a JSON string of one)") from None
-            values[name] = _drop_none(value)
+            values[name] = drop_none(value)
         kwargs = dict(values.pop(KWARGS_COLUMN, None) or {})
         kwargs.update({k: v for k, v in values.items() if k not in TEMPLATE_COLUMNS})
         return values.get("tools"), values.get("documents"), kwargs
@@ -303,7 +300,7 @@ class ChatRenderer:
         """Prompt/completion strings as a model sees them: the tokenizer's BOS (where it adds one) and the prompt
         tokenized alone, then the completion and EOS (unless the completion ends with it)."""
         if self._lead is None:
-            self._lead = _leading_specials(self.tokenizer)
+            self._lead = leading_specials(self.tokenizer)
         first, second, joined = encode(self.tokenizer, [prompt, completion, prompt + completion])
         if list(first) + list(second) != list(joined):
             self.stats.boundary += 1
@@ -312,98 +309,6 @@ class ChatRenderer:
         ids = np.asarray(self._lead + list(first) + list(second) + tail, dtype=np.int64)
         start = len(self._lead) + len(first)
         return ids, (None if train_on == "all" else [(start, len(ids))])
-
-
-def _names(calls: Any) -> list[str]:
-    """The function names in a list of tools or tool calls (OpenAI's {type, function: {name}} or {name})."""
-    names = []
-    for call in calls or []:
-        if isinstance(call, Mapping):
-            inner = call.get("function") if isinstance(call.get("function"), Mapping) else call
-            if isinstance(inner.get("name"), str) and inner["name"]:
-                names.append(inner["name"])
-    return names
-
-
-def _leading_specials(tokenizer: Any) -> list[int]:
-    """The ids a tokenizer puts before a text on its own (Llama 3's BOS), found by tokenizing one word both ways."""
-    plain = list(tokenizer("a", add_special_tokens=False)["input_ids"])
-    full = list(tokenizer("a", add_special_tokens=True)["input_ids"])
-    for k in range(len(full) - len(plain) + 1):
-        if full[k: k + len(plain)] == plain:
-            return full[:k]
-    return []
-
-
-def _refusal(err: BaseException, messages: list[dict[str, Any]], index: int, name: str) -> str:
-    """What a template's failure on row `index` was, naming the field that caused it where one can be told."""
-    said = " ".join(str(err).split())[:240] or type(err).__name__
-    for k, m in enumerate(messages):
-        content = m.get("content")
-        if isinstance(content, list) and not isinstance(err, _TemplateErrorTypes()):
-            return (f"data=chat: row {index}: messages[{k}].content is a list of parts, and the chat template of "
-                    f"{name!r} takes strings ({type(err).__name__}: {said}); join the parts' text into one string, "
-                    "or set data.chat_template= to a template that reads parts")
-    hint = ""
-    if messages and messages[0].get("role") == "assistant":
-        hint = "; messages[0] is an assistant turn, and this template wants the conversation to open otherwise"
-    elif not _TemplateErrorTypes() or not isinstance(err, _TemplateErrorTypes()):
-        hint = f" ({type(err).__name__})"
-    return f"data=chat: row {index}: the chat template of {name!r} refused the conversation: {said}{hint}"
-
-
-def _TemplateErrorTypes() -> tuple[type, ...]:  # noqa: N802 - a tuple of types, as isinstance takes it
-    try:
-        from jinja2 import TemplateError
-    except ImportError:
-        return ()
-    return (TemplateError,)
-
-
-def _drop_none(value: Any) -> Any:
-    """`value` without the None-valued keys `datasets` fills in where rows' dicts differ (nested too)."""
-    if isinstance(value, Mapping):
-        return {k: _drop_none(v) for k, v in value.items() if v is not None}
-    if isinstance(value, (list, tuple)):
-        return [_drop_none(v) for v in value]
-    return value
-
-
-def _scalar(value: Any) -> Any:
-    """A number read from a CSV column (datasets infers int / float) as its text; anything else as it is."""
-    return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
-
-
-def _messages(value: Any, index: int, column: str, first: int = 0) -> list[dict[str, Any]]:
-    """A row's message list as dicts (ShareGPT's {from, value} with human/gpt roles read too; None-valued keys, which
-    `datasets` fills in, dropped), each checked for what a template needs: a role, and content that is a string, a
-    list of parts or absent. `first` numbers the messages (a completion's follow its prompt's)."""
-    if not isinstance(value, (list, tuple)):
-        raise InputError(f"data=chat: row {index}'s {column!r} is a {type(value).__name__}, not a list of "
-                         "{role, content} messages")
-    if not value:
-        raise InputError(f"data=chat: row {index}'s {column!r} is an empty list of messages")
-    out = []
-    for k, message in enumerate(value, first):
-        where = f"row {index}: {column}[{k - first}]"
-        if not isinstance(message, Mapping):
-            raise InputError(f"data=chat: {where} is a {type(message).__name__}, not a message (a dict with role and "
-                             "content)")
-        if "from" in message and "value" in message and "role" not in message:
-            message = {"role": _SHAREGPT_ROLES.get(str(message["from"]), str(message["from"])),
-                       "content": message["value"]}
-        message = {key: _drop_none(v) for key, v in message.items() if v is not None}
-        if not isinstance(message.get("role"), str) or not (set(message) & _SAYS):
-            raise InputError(f"data=chat: {where} has no {'role' if 'role' not in message else 'content'} (its keys: "
-                             f"{', '.join(map(repr, message)) or 'none'}); a message is {{role, content}} (or "
-                             "ShareGPT's {from, value}; an assistant's tool_calls or reasoning may stand for content)")
-        content = message.get("content")
-        if content is not None and not isinstance(content, (str, list)):
-            raise InputError(f"data=chat: {where}.content is a {type(content).__name__} ({content!r:.40}); a "
-                             "message's content is a string (or a list of {type: text, text: ...} parts where the "
-                             "template reads them)")
-        out.append(message)
-    return out
 
 
 def documents(rows: Iterable[Mapping[str, Any]], renderer: ChatRenderer, start: int = 0) -> Iterator[Document]:

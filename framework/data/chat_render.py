@@ -57,9 +57,13 @@ class Renderer:
     refusals."""
 
     def __init__(self, tokenizer: Any, template: str, name: str):
+        from jinja2 import TemplateError
         from transformers.utils.chat_template_utils import render_jinja_template
 
         self._render_jinja = render_jinja_template
+        #: what a template's refusal of a conversation raises: its own `raise_exception`, or Python's on a value it
+        #: does not take
+        self.errors = (TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError)
         self.tokenizer, self.template, self.name = tokenizer, template, name
         self.markers = has_markers(template)
         self.special = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
@@ -91,7 +95,7 @@ class Renderer:
         try:
             plain, _ = self.render(user, kwargs=kwargs)
             prompted, _ = self.render(user, kwargs=kwargs, generation=True)
-        except Exception:  # noqa: BLE001 - a template that needs more than one user turn: no generation prompt known
+        except self.errors:  # a template that needs more than one user turn: no generation prompt known
             plain = prompted = ""
         # the generation prompt: what rendering with it adds (a template may end a plain render with its EOS instead)
         common = next((i for i, (a, b) in enumerate(zip(plain, prompted, strict=False)) if a != b),
@@ -102,7 +106,7 @@ class Renderer:
                  {"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": "Bb"}]
         try:
             text, places = self.sentinel_render(probe, None, None, kwargs, range(4))
-        except Exception:  # noqa: BLE001 - the rows will meet the template's own refusal
+        except self.errors:  # the rows will meet the template's own refusal
             text, places = "", {}
         for k in (1, 3):
             if k in places:
@@ -128,7 +132,7 @@ class Renderer:
                      {"role": "tool", "name": "f", "content": "Tt"}]
             try:
                 text, places = self.sentinel_render(probe, None, None, kwargs, {0, 2})
-            except Exception:  # noqa: BLE001 - a template without tool calls, or wanting them otherwise
+            except self.errors:  # a template without tool calls, or wanting them otherwise
                 continue
             if 0 not in places or 2 not in places or places[2][0] < 0:
                 continue
@@ -179,7 +183,7 @@ class Renderer:
         for wrap, strip in ((wrap_all, False), (assistant, False), (wrap_all, True), (assistant, True)):
             try:
                 again, found = self.sentinel_render(messages, tools, documents, kwargs, set(wrap), strip)
-            except Exception:  # noqa: BLE001 - wrapping changed what the template accepts: try the next way
+            except self.errors:  # wrapping changed what the template accepts: try the next way
                 continue
             if again == text:
                 places = found
@@ -260,7 +264,7 @@ class Renderer:
         for a turn the template opens otherwise than its first one): the prompt must start the whole text."""
         try:
             prompt, _ = self.render(before, tools, documents, kwargs, generation=True)
-        except Exception:  # noqa: BLE001 - e.g. a template that wants a prompt to end on a user's turn
+        except self.errors:  # e.g. a template that wants a prompt to end on a user's turn
             return None
         if low <= len(prompt) <= anchor and text.startswith(prompt):
             return len(prompt), len(prompt)

@@ -12,12 +12,13 @@ one flush, so a corpus larger than memory packs too. `PackedRows` reads them bac
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -245,5 +246,56 @@ def cached(root: Path, key: str, build: Callable[[Path], Any]) -> tuple[Path, bo
     return final, True
 
 
-__all__ = ["Document", "IGNORE", "PackWriter", "PackedRows", "cache_root", "cached", "fingerprint", "pack",
-           "token_dtype"]
+class BestFit:
+    """Best-fit decreasing (TRL's BFD) over windows of `window` documents, written bin by bin to `writer`: each
+    bin fits a row, so the writer's next-fit over them opens at most one row per bin. None documents are skipped."""
+
+    def __init__(self, writer: PackWriter, seq_len: int, window: int):
+        self.writer, self.seq_len, self.window = writer, seq_len, window
+        self.buffer: list[tuple[np.ndarray, np.ndarray | None]] = []
+
+    def add(self, doc: tuple[np.ndarray, np.ndarray | None] | None) -> None:
+        if doc is not None:
+            self.buffer.append(doc)
+            if len(self.buffer) >= self.window:
+                self.flush()
+
+    def flush(self) -> None:
+        for bin_ in best_fit([len(ids) for ids, _ in self.buffer], self.seq_len):
+            for i in bin_:
+                self.writer.add(*self.buffer[i])
+        self.buffer = []
+
+
+def best_fit(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Indices of `lengths` in bins of at most `capacity`: longest first, each into the fullest bin it fits."""
+    bins: list[list[int]] = []
+    room: list[tuple[int, int]] = []  # (space left, bin), sorted
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        j = bisect.bisect_left(room, (lengths[i], -1))
+        if j < len(room):
+            left, b = room.pop(j)
+        else:
+            left, b = capacity, len(bins)
+            bins.append([])
+        bins[b].append(i)
+        bisect.insort(room, (left - lengths[i], b))
+    return bins
+
+
+def chunks(rows: Iterator[dict[str, Any]], size: int) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """(index of the first, rows) in lists of `size`."""
+    chunk: list[dict[str, Any]] = []
+    start = 0
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == size:
+            yield start, chunk
+            start, chunk = start + size, []
+    if chunk:
+        yield start, chunk
+
+
+
+__all__ = ["BestFit", "Document", "IGNORE", "PackWriter", "PackedRows", "best_fit", "cache_root", "cached", "chunks",
+           "fingerprint", "pack", "token_dtype"]

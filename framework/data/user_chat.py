@@ -10,7 +10,6 @@ row); a row longer than `seq_len` is cut (counted in the run's log) or refused w
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import hashlib
 import logging
@@ -22,7 +21,7 @@ import numpy as np
 
 from framework.data import sources
 from framework.data.chat import SHAPES, TRAIN_ON, ChatRenderer, Document, detect_shape, template_columns
-from framework.data.packing import PackWriter, fingerprint, token_dtype
+from framework.data.packing import BestFit, PackWriter, best_fit, chunks, fingerprint, token_dtype
 from framework.data.user_text import TextData, held_out
 from framework.errors import InputError
 
@@ -187,7 +186,7 @@ class ChatData(TextData):
                 for name, writer in writers.items()}
         parts = [("train", self.split), ("val", self.val_split)] if self.val_split else [(None, self.split)]
         for part, split in parts:
-            for start, chunk in _chunks(self.rows(split), 1000):
+            for start, chunk in chunks(self.rows(split), 1000):
                 if part is not None:
                     for doc in renderers[part].documents(chunk, start):
                         fits[part].add(doc)
@@ -287,56 +286,6 @@ class ChatData(TextData):
         return {**record, "format": f"chat ({self.shape}; {record['format']})", "columns": self.columns,
                 "template_columns": self.template_columns, "train_on": self.train_on,
                 "chat": self.meta["train"]["chat"] if self.meta else None}
-
-
-class BestFit:
-    """Best-fit decreasing (TRL's BFD) over windows of `window` documents, written bin by bin to `writer`: each
-    bin fits a row, so the writer's next-fit over them opens at most one row per bin. None documents are skipped."""
-
-    def __init__(self, writer: PackWriter, seq_len: int, window: int):
-        self.writer, self.seq_len, self.window = writer, seq_len, window
-        self.buffer: list[Document] = []
-
-    def add(self, doc: Document | None) -> None:
-        if doc is not None:
-            self.buffer.append(doc)
-            if len(self.buffer) >= self.window:
-                self.flush()
-
-    def flush(self) -> None:
-        for bin_ in best_fit([len(ids) for ids, _ in self.buffer], self.seq_len):
-            for i in bin_:
-                self.writer.add(*self.buffer[i])
-        self.buffer = []
-
-
-def best_fit(lengths: list[int], capacity: int) -> list[list[int]]:
-    """Indices of `lengths` in bins of at most `capacity`: longest first, each into the fullest bin it fits."""
-    bins: list[list[int]] = []
-    room: list[tuple[int, int]] = []  # (space left, bin), sorted
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        j = bisect.bisect_left(room, (lengths[i], -1))
-        if j < len(room):
-            left, b = room.pop(j)
-        else:
-            left, b = capacity, len(bins)
-            bins.append([])
-        bins[b].append(i)
-        bisect.insort(room, (left - lengths[i], b))
-    return bins
-
-
-def _chunks(rows: Iterator[dict[str, Any]], size: int) -> Iterator[tuple[int, list[dict[str, Any]]]]:
-    """(index of the first, rows) in lists of `size`."""
-    chunk: list[dict[str, Any]] = []
-    start = 0
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) == size:
-            yield start, chunk
-            start, chunk = start + size, []
-    if chunk:
-        yield start, chunk
 
 
 def chat_line(meta: Mapping[str, Any]) -> str:
