@@ -16,7 +16,9 @@ from support.tiny_chat import (
     GPT2_SPLIT,
     LLAMA3,
     MISTRAL,
+    target_runs,
     tiny_tokenizer,
+    write_jsonl,
 )
 
 from framework.data.chat import IGNORE, ChatRenderer, detect_shape, documents
@@ -28,19 +30,6 @@ def tokenizers():
     return {name: tiny_tokenizer(t, bos, eos) for name, (t, bos, eos) in FAMILIES.items()}
 
 
-def targets(tok, doc) -> list[str]:
-    """The decoded runs of target tokens (each assistant turn's, in order)."""
-    ids, labels = doc
-    runs, run = [], []
-    for i, label in zip(ids, labels, strict=True):
-        if label != IGNORE:
-            assert label == i
-            run.append(int(i))
-        elif run:
-            runs, run = runs + [run], []
-    return [tok.decode(r) for r in runs + ([run] if run else [])]
-
-
 def renderer(tok, columns=None, **kw) -> ChatRenderer:
     shape, mapped = detect_shape(["messages"] if columns is None else columns)
     return ChatRenderer(tok, shape, mapped, **kw)
@@ -50,10 +39,10 @@ def renderer(tok, columns=None, **kw) -> ChatRenderer:
 def test_stock_templates_train_on_each_assistant_turn_through_its_end_token(tokenizers, family):
     tok, end = tokenizers[family], FAMILIES[family][2]
     doc = renderer(tok).document({"messages": CONVERSATION}, 0)
-    assert targets(tok, doc) == [f"Blue.{end}", f"Green, mostly.{end}"]
+    assert target_runs(tok, doc) == [f"Blue.{end}", f"Green, mostly.{end}"]
     assert tok.decode(doc[0]) == tok.apply_chat_template(CONVERSATION, tokenize=False)  # the whole render, unchanged
     last = renderer(tok, train_on="last").document({"messages": CONVERSATION}, 0)
-    assert targets(tok, last) == [f"Green, mostly.{end}"] and np.array_equal(last[0], doc[0])
+    assert target_runs(tok, last) == [f"Green, mostly.{end}"] and np.array_equal(last[0], doc[0])
     every = renderer(tok, train_on="all").document({"messages": CONVERSATION}, 0)
     assert every[1] is None and np.array_equal(every[0], doc[0])
 
@@ -63,7 +52,7 @@ def test_a_template_that_rewrites_earlier_turns_is_masked_from_one_render():
     # rendered once it is masked all the same (the turn-by-turn reading refused it)
     tok = tiny_tokenizer(MISTRAL, "<s>", "</s>", specials=["[INST]", "[/INST]"])
     doc = renderer(tok).document({"messages": CONVERSATION[:4]}, 7)
-    assert targets(tok, doc) == [" Blue.</s>"]
+    assert target_runs(tok, doc) == [" Blue.</s>"]
     assert tok.decode(doc[0]) == tok.apply_chat_template(CONVERSATION[:4], tokenize=False)
     assert renderer(tok, train_on="all").document({"messages": CONVERSATION}, 7)[1] is None
 
@@ -75,7 +64,7 @@ def test_a_token_merged_across_a_targets_start_is_tokenized_apart_there():
     assert plain[-1] == tok.convert_tokens_to_ids("ĊĊ")
     chat = renderer(tok)
     doc = chat.document({"messages": CONVERSATION}, 0)
-    assert targets(tok, doc) == ["Blue.<|eot_id|>", "Green, mostly.<|eot_id|>"]
+    assert target_runs(tok, doc) == ["Blue.<|eot_id|>", "Green, mostly.<|eot_id|>"]
     assert chat.stats.split_tokens == 1 and tok.decode(doc[0]) == tok.apply_chat_template(CONVERSATION,
                                                                                            tokenize=False)
     first = int(np.flatnonzero(doc[1] != IGNORE)[0])
@@ -87,7 +76,7 @@ def test_prompt_completion_strings_train_on_the_completion_and_eos(tokenizers):
     chat = renderer(tok, columns=["prompt", "completion", "id"])
     row = {"prompt": "2 + 2 =", "completion": " 4", "id": 3}
     ids, labels = chat.document(row, 0)
-    assert targets(tok, (ids, labels)) == [" 4<|im_end|>"]
+    assert target_runs(tok, (ids, labels)) == [" 4<|im_end|>"]
     prompt, completion = chat.prompt_completion(row, 0)
     assert tok.decode(prompt) == "2 + 2 =" and tok.decode(completion) == " 4<|im_end|>"
     assert np.array_equal(np.concatenate([prompt, completion]), ids)
@@ -104,14 +93,14 @@ def test_prompt_completion_message_lists_put_the_generation_prompt_in_the_prompt
     prompt, completion = chat.prompt_completion(row, 0)
     assert tok.decode(prompt).endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
     assert tok.decode(completion) == "Blue.<|eot_id|>"
-    assert targets(tok, chat.document(row, 0)) == ["Blue.<|eot_id|>"]
+    assert target_runs(tok, chat.document(row, 0)) == ["Blue.<|eot_id|>"]
 
 
 def test_sharegpt_conversations_read_through_the_column_map(tokenizers):
     tok = tokenizers["zephyr"]
     shape, mapped = detect_shape(["conversations"], {"messages": "conversations"})
     row = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]}
-    assert targets(tok, ChatRenderer(tok, shape, mapped).document(row, 0)) == ["Hello</s>"]
+    assert target_runs(tok, ChatRenderer(tok, shape, mapped).document(row, 0)) == ["Hello</s>"]
     with pytest.raises(InputError, match=r"data.columns names 'text'; the keys it maps are messages, prompt, "):
         detect_shape(["conversations"], {"text": "conversations"})
 
@@ -150,7 +139,7 @@ def test_conversations_with_a_tokenizer_without_chat_template_are_refused_in_one
         renderer(tok).document({"messages": CONVERSATION}, 0)
     assert renderer(tok, chat_template=CHATML).document({"messages": CONVERSATION}, 0) is not None
     strings = renderer(tok, columns=["prompt", "completion"]).document({"prompt": "a", "completion": "b"}, 0)
-    assert targets(tok, strings) == ["b</s>"]  # strings need no template
+    assert target_runs(tok, strings) == ["b</s>"]  # strings need no template
 
 
 def test_malformed_rows_name_the_row_and_what_it_holds(tokenizers):
@@ -168,19 +157,6 @@ def _conversation(i: int) -> list[dict[str, str]]:
     turns = [{"role": "user", "content": f"Question {i}: how many {'cats ' * (i % 4)}?"},
              {"role": "assistant", "content": f"Answer {i}: {i % 7} {'there ' * (i % 5)}."}]
     return turns * (1 + i % 2) if i % 5 != 3 else turns[:1]  # every 5th conversation has no assistant turn
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FRAMEWORK_DATA_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-def _jsonl(path, rows):
-    import json
-
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 def _packed_documents(rows):
@@ -202,7 +178,7 @@ def test_a_chat_file_packs_whole_conversations_whose_targets_are_the_assistant_t
 
     tok = tokenizers["chatml"]
     convs = [_conversation(i) for i in range(40)]
-    dm = ChatData(str(_jsonl(tmp_path / "chat.jsonl", [{"messages": c, "id": i} for i, c in enumerate(convs)])),
+    dm = ChatData(str(write_jsonl(tmp_path / "chat.jsonl", [{"messages": c, "id": i} for i, c in enumerate(convs)])),
                   seq_len=256, batch_size=2, val_fraction=0.25)
     with pytest.raises(InputError, match=r"the model brings no tokenizer .*use a model that brings one: "
                                          r"hf_causal_lm or hf_masked_lm with model.name_or_path="):
@@ -251,7 +227,7 @@ def test_prompt_completion_columns_by_a_map_and_their_ids_for_the_probes(tmp_pat
 def test_conversations_and_a_tokenizer_without_template_are_refused_at_the_hand_off(tmp_path, cache):
     from framework.data.user_chat import ChatData
 
-    dm = ChatData(str(_jsonl(tmp_path / "chat.jsonl", [{"messages": _conversation(i)} for i in range(4)])))
+    dm = ChatData(str(write_jsonl(tmp_path / "chat.jsonl", [{"messages": _conversation(i)} for i in range(4)])))
     with pytest.raises(InputError, match=r"has no chat template"):
         dm.use_tokenizer(tiny_tokenizer(None))
     with pytest.raises(InputError, match=r"data.train_on='turns'; valid: assistant, last, all"):
@@ -273,7 +249,7 @@ def test_best_fit_fills_rows_no_worse_than_in_order():
 
 
 def test_chat_data_on_a_byte_model_is_one_error_line_exit_2_and_nothing_written(tmp_path, cli):
-    path = _jsonl(tmp_path / "chat.jsonl", [{"messages": _conversation(i)} for i in range(4)])
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"messages": _conversation(i)} for i in range(4)])
     run_dir = tmp_path / "run"
     proc = cli("recipe=char_lm", "data=chat", f"data.source={path}", f"data.cache_dir={tmp_path / 'cache'}",
                f"hydra.run.dir={run_dir}")
@@ -294,7 +270,7 @@ def test_an_hf_model_trains_on_a_chat_file_through_the_cli_and_logs_the_counts(t
     LlamaForCausalLM(config).save_pretrained(model)
     tok.save_pretrained(model)
     rows = [{"messages": _conversation(i)} for i in range(30)] + [{"messages": CONVERSATION * 8}]  # > seq_len
-    path = _jsonl(tmp_path / "chat.jsonl", rows)
+    path = write_jsonl(tmp_path / "chat.jsonl", rows)
     run_dir = tmp_path / "run"
     proc = cli("recipe=char_lm", "data=chat", f"data.source={path}", f"data.cache_dir={tmp_path / 'cache'}",
                "data.seq_len=256", "data.batch_size=2", "model=hf_causal_lm", f"model.name_or_path={model}",

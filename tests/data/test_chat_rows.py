@@ -8,9 +8,9 @@ import json
 
 import pytest
 from support.chat_families import family_tokenizer, template_text
-from support.tiny_chat import CHATML, CONVERSATION, tiny_tokenizer
+from support.tiny_chat import CHATML, CONVERSATION, target_runs, tiny_tokenizer, write_jsonl
 
-from framework.data.chat import IGNORE, ChatRenderer, detect_shape
+from framework.data.chat import ChatRenderer, detect_shape
 from framework.errors import InputError
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather now.", "parameters": {
@@ -22,31 +22,9 @@ TOOL_ROW = [{"role": "user", "content": "Warm in Paris?"},
             {"role": "assistant", "content": "Yes."}]
 
 
-def runs(tok, doc) -> list[str]:
-    ids, labels = doc
-    out, run = [], []
-    for i, label in zip(ids.tolist(), labels.tolist(), strict=True):
-        if label != IGNORE:
-            run.append(i)
-        elif run:
-            out, run = out + [run], []
-    return [tok.decode(r) for r in out + ([run] if run else [])]
-
-
 def chat(tok, columns=("messages",), **kw) -> ChatRenderer:
     shape, mapped = detect_shape(list(columns))
     return ChatRenderer(tok, shape, mapped, **kw)
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FRAMEWORK_DATA_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-def _jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 def test_a_tools_column_in_a_file_reaches_the_template_as_apply_chat_template_passes_it(tmp_path, cache):
@@ -57,7 +35,7 @@ def test_a_tools_column_in_a_file_reaches_the_template_as_apply_chat_template_pa
         "type": "object", "properties": {"zone": {"type": "string"}}}}}]
     # datasets fills the keys one row's tools lack with null where another's have them: dropped again here
     rows = [{"messages": TOOL_ROW, "tools": TOOLS if i % 2 else json.dumps(other + TOOLS)} for i in range(40)]
-    data = ChatData(source=str(_jsonl(tmp_path / "tools.jsonl", rows)), seq_len=2048, packing=False,
+    data = ChatData(source=str(write_jsonl(tmp_path / "tools.jsonl", rows)), seq_len=2048, packing=False,
                     val_fraction=0.1)
     data.use_tokenizer(tok)
     data.prepare_data()
@@ -87,27 +65,27 @@ def test_generation_markers_decide_the_mask_a_turn_they_leave_out_is_not_trained
     tok = tiny_tokenizer(marked, None, "<|im_end|>")
     row = [{"role": "user", "content": "Sky?"}, {"role": "assistant", "content": "Bad answer.", "train": False},
            {"role": "user", "content": "Sky, really?"}, {"role": "assistant", "content": "Blue."}]
-    ours = runs(tok, chat(tok).document({"messages": row}, 0))
+    ours = target_runs(tok, chat(tok).document({"messages": row}, 0))
     theirs = tok.apply_chat_template(row, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
     mask = [i for i, m in zip(theirs["input_ids"], theirs["assistant_masks"], strict=True) if m]
     assert ours == ["Blue.<|im_end|>"] == [tok.decode(mask)]
-    assert runs(tok, chat(tok, train_on="last").document({"messages": row}, 0)) == ["Blue.<|im_end|>"]
+    assert target_runs(tok, chat(tok, train_on="last").document({"messages": row}, 0)) == ["Blue.<|im_end|>"]
 
 
 def test_two_assistant_turns_in_a_row_are_two_targets_and_last_is_only_the_second():
     tok = tiny_tokenizer(CHATML, None, "<|im_end|>")
     row = [{"role": "user", "content": "The sea?"}, {"role": "assistant", "content": "Grey in winter."},
            {"role": "assistant", "content": "Also grey at night."}]
-    assert runs(tok, chat(tok).document({"messages": row}, 0)) == ["Grey in winter.<|im_end|>",
-                                                                   "Also grey at night.<|im_end|>"]
-    assert runs(tok, chat(tok, train_on="last").document({"messages": row}, 0)) == ["Also grey at night.<|im_end|>"]
+    both = ["Grey in winter.<|im_end|>", "Also grey at night.<|im_end|>"]
+    assert target_runs(tok, chat(tok).document({"messages": row}, 0)) == both
+    assert target_runs(tok, chat(tok, train_on="last").document({"messages": row}, 0)) == both[1:]
 
 
 def test_a_conversation_opening_with_the_assistant_trains_where_the_template_takes_it():
     tok = tiny_tokenizer(CHATML, None, "<|im_end|>")
     row = [{"role": "assistant", "content": "Hello, ask me."}, {"role": "user", "content": "Sky?"},
            {"role": "assistant", "content": "Blue."}]
-    assert runs(tok, chat(tok).document({"messages": row}, 0)) == ["Hello, ask me.<|im_end|>", "Blue.<|im_end|>"]
+    assert target_runs(tok, chat(tok).document({"messages": row}, 0)) == ["Hello, ask me.<|im_end|>", "Blue.<|im_end|>"]
 
 
 def test_qwen3_trains_on_multi_turn_rows_with_the_reasoning_it_writes():
@@ -116,12 +94,13 @@ def test_qwen3_trains_on_multi_turn_rows_with_the_reasoning_it_writes():
            {"role": "assistant", "content": "4.", "reasoning_content": "Two twos."},
            {"role": "user", "content": "Times 3?"},
            {"role": "assistant", "content": "12.", "reasoning_content": "Four threes."}]
-    assert runs(tok, chat(tok).document({"messages": row}, 0)) == [
+    assert target_runs(tok, chat(tok).document({"messages": row}, 0)) == [
         "4.<|im_end|>", "<think>\nFour threes.\n</think>\n\n12.<|im_end|>"]
     kwargs = ChatRenderer(tok, "messages", {"messages": "messages"}, template_columns={"enable_thinking": "think"})
     one = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4."}]
-    assert runs(tok, kwargs.document({"messages": one, "think": False}, 0)) == ["4.<|im_end|>"]  # prompt holds it
-    assert runs(tok, kwargs.document({"messages": one, "think": True}, 0)) == ["<think>\n\n</think>\n\n4.<|im_end|>"]
+    off, on = ({"messages": one, "think": think} for think in (False, True))
+    assert target_runs(tok, kwargs.document(off, 0)) == ["4.<|im_end|>"]  # the prompt holds the empty block
+    assert target_runs(tok, kwargs.document(on, 0)) == ["<think>\n\n</think>\n\n4.<|im_end|>"]
 
 
 def test_the_newline_after_the_end_token_is_never_a_target_whatever_the_tokenizer_calls_special():
@@ -129,7 +108,7 @@ def test_the_newline_after_the_end_token_is_never_a_target_whatever_the_tokenize
     plain.add_tokens(["<|im_start|>", "<|im_end|>"])  # added, not special (not in additional_special_tokens)
     named = tiny_tokenizer(CHATML, None, "</s>", specials=["<|im_start|>", "<|im_end|>"])
     for tok in (plain, named):
-        assert runs(tok, chat(tok).document({"messages": CONVERSATION}, 0)) == ["Blue.<|im_end|>",
+        assert target_runs(tok, chat(tok).document({"messages": CONVERSATION}, 0)) == ["Blue.<|im_end|>",
                                                                                  "Green, mostly.<|im_end|>"]
 
 
@@ -145,7 +124,7 @@ def test_prompt_completion_strings_get_the_tokenizers_bos_and_boundary_merges_ar
     assert tok("x")["input_ids"][0] == bos
     renderer = chat(tok, columns=["prompt", "completion"])
     ids, labels = renderer.document({"prompt": "2 + 2 =", "completion": " 4"}, 0)
-    assert ids[0] == bos and runs(tok, (ids, labels)) == [" 4<|eot_id|>"]
+    assert ids[0] == bos and target_runs(tok, (ids, labels)) == [" 4<|eot_id|>"]
     assert tok.decode(ids) == "<|begin_of_text|>2 + 2 = 4<|eot_id|>" and renderer.stats.boundary == 0
     renderer.document({"prompt": "Q: sky?\n", "completion": "\nBlue"}, 1)  # "\n\n" is one token when joined
     assert renderer.stats.boundary == 1 and "1 prompt/completion rows tokenized apart" in renderer.stats.line()
@@ -182,7 +161,7 @@ def test_a_template_that_refuses_a_row_is_one_error_line_exit_2_and_nothing_writ
     rows = [{"messages": [{"role": "user", "content": f"Q{i}"}, {"role": "assistant", "content": f"A{i}"}]}
             for i in range(8)]
     rows[5] = {"messages": [{"role": "assistant", "content": "A5"}, {"role": "user", "content": "Q5"}]}
-    path = _jsonl(tmp_path / "chat.jsonl", rows)
+    path = write_jsonl(tmp_path / "chat.jsonl", rows)
     run_dir = tmp_path / "run"
     proc = cli("recipe=char_lm", "data=chat", f"data.source={path}", f"data.cache_dir={tmp_path / 'cache'}",
                "data.seq_len=64", "data.val_fraction=0.2", "model=hf_causal_lm", f"model.name_or_path={model}",
@@ -192,3 +171,12 @@ def test_a_template_that_refuses_a_row_is_one_error_line_exit_2_and_nothing_writ
     assert len(lines) == 1 and "row 5: the chat template of" in lines[0], proc.stderr[-2000:]
     assert "Conversation roles must alternate" in lines[0] and "messages[0] is an assistant turn" in lines[0]
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "results.json").exists()
+
+
+def test_content_given_as_parts_trains_where_the_template_reads_parts():
+    tok = family_tokenizer("gemma3")
+    row = [{"role": "user", "content": [{"type": "text", "text": "Sky?"}]},
+           {"role": "assistant", "content": [{"type": "text", "text": "Blue."}]}]
+    doc = chat(tok).document({"messages": row}, 0)
+    assert target_runs(tok, doc) == ["Blue.<end_of_turn>"]
+    assert tok.decode(doc[0]) == tok.apply_chat_template(row, tokenize=False)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import pytest
 from support.chat_families import FAMILIES, available, family_tokenizer, template_text
+from support.tiny_chat import target_runs
 
-from framework.data.chat import IGNORE, ChatRenderer
+from framework.data.chat import ChatRenderer
 from framework.errors import InputError
 
 TOOLS = [{"type": "function", "function": {
@@ -79,17 +80,6 @@ def run(family: str, conversation: list[dict], tools=None, train_on: str = "assi
     return tok, chat, row
 
 
-def target_runs(tok, ids, labels) -> list[str]:
-    runs, run_ = [], []
-    for i, label in zip(ids.tolist(), labels.tolist(), strict=True):
-        if label != IGNORE:
-            assert label == i
-            run_.append(i)
-        elif run_:
-            runs, run_ = runs + [run_], []
-    return [tok.decode(r) for r in runs + ([run_] if run_ else [])]
-
-
 def trained(family: str, kind: str) -> dict:
     """The measured facts of one family on one conversation (for the checks and the table)."""
     conversation = CONVERSATIONS[kind]
@@ -111,7 +101,7 @@ def trained(family: str, kind: str) -> dict:
     ids, labels = doc
     assert tok.decode(ids) == expected  # one render, unchanged
     text, spans = chat._lay(row, 3)
-    return {"text": text, "spans": spans, "runs": target_runs(tok, ids, labels), "tokenizer": tok,
+    return {"text": text, "spans": spans, "runs": target_runs(tok, doc), "tokenizer": tok,
             "conversation": conversation, "tools": tools}
 
 

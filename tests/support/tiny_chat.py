@@ -97,3 +97,25 @@ def tiny_llama(folder: Path, seed: int = 0) -> Path:
     LlamaForCausalLM(config).save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+def target_runs(tok, doc) -> list[str]:
+    """The decoded runs of a Document's target tokens (each assistant turn's, in order); every label is its id."""
+    ids, labels = doc
+    runs, run = [], []
+    for i, label in zip(ids.tolist(), labels.tolist(), strict=True):
+        if label != -100:
+            assert label == i
+            run.append(i)
+        elif run:
+            runs, run = runs + [run], []
+    return [tok.decode(r) for r in runs + ([run] if run else [])]
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    """`rows` as JSON Lines at `path`."""
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
