@@ -108,7 +108,8 @@ def test_a_built_wheel_carries_conf_and_composes_a_recipe_at_a_conf_size(wheel, 
 OPTIONAL = {"tensorboard": "the TensorBoard logger is skipped (extra `tensorboard`)",
             "rich": "the plain progress bar is used (extra `progress`)",
             "transformers": "model=hf_causal_lm / hf_masked_lm say to install the extra `hf`",
-            "datasets": "data=text / chat say to install the extra `data`"}
+            "datasets": "data=text / chat say to install the extra `data`",
+            "jinja2": "data=chat renders chat templates with it, as transformers does (extra `data`)"}
 #: the oldest release of a package with an API the code calls: (floor, the API, a file that calls it)
 FLOORS = {"torch": ("2.9", "torch.optim.Muon", "framework/optim/muon.py"),
           "huggingface-hub": ("0.25", "huggingface_hub.errors", "framework/hub/load.py"),
