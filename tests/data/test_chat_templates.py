@@ -12,6 +12,8 @@ itself refuses is refused for that row, by name. `WHAT_IS_TRAINED` is the table 
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from support.chat_families import FAMILIES, available, family_tokenizer, template_text
 from support.tiny_chat import target_runs
@@ -80,8 +82,10 @@ def run(family: str, conversation: list[dict], tools=None, train_on: str = "assi
     return tok, chat, row
 
 
+@functools.cache
 def trained(family: str, kind: str) -> dict:
-    """The measured facts of one family on one conversation (for the checks and the table)."""
+    """The measured facts of one family on one conversation (for the checks and the table; measured once per
+    process)."""
     conversation = CONVERSATIONS[kind]
     tools = TOOLS if kind == "tools" else None
     tok, chat, row = run(family, conversation, tools)
