@@ -52,6 +52,7 @@ def test_a_yaml_recipe_in_a_folder_lists_composes_and_trains(tmp_path):
     assert job.scheduler.warmup_steps == 40 and job.data.max_bytes == 60000  # char_lm's value, char_lm's smoke size
 
 
+@pytest.mark.slow  # a fresh process (9 s); make test runs a YAML recipe from a folder through the CLI (above)
 def test_a_yaml_recipe_that_does_not_parse_is_named_with_its_line_in_one_error_line(tmp_path):
     (tmp_path / "conf" / "recipe").mkdir(parents=True)
     bad = tmp_path / "conf" / "recipe" / "broken.yaml"

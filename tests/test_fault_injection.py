@@ -30,7 +30,7 @@ from framework.registry import RECIPES
 # test_scheduler), Data Agent selection (callbacks/test_data_agent_cli) and MoE growth (growth/test_growth_callback)
 # are resumed bitwise by their own tests; they and every other recipe run it in `make test-slow` and, by default,
 # train in bf16 to finite metrics (one process instead of three), to keep the suite short.
-KILLED_BY_DEFAULT = ("mdlm_mask_agnostic", "rlkv_probe", "gicdm_eval")
+KILLED_BY_DEFAULT = ("mdlm_mask_agnostic",)  # the others train in bf16 in make test, and are killed in make test-slow
 
 
 def _kill_params() -> list:

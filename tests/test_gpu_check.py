@@ -94,6 +94,8 @@ def test_the_hf_check_runs_transformers_models_on_the_device_it_is_given(tmp_pat
     assert "bytes = theory" in result and "Mixtral 2->4 layers, 4->16 experts" in result
 
 
+@pytest.mark.slow  # 41 s on 2 busy cores; make test reads images through timm in tests/data/test_images.py and
+# tests/metrics/test_image_cli.py, and runs the tool's in-process checks above
 def test_the_images_check_extracts_on_the_device_it_is_given(tmp_path):
     """`make test`'s share of the `images` row (its training run is in the slow test above): in process, on the CPU."""
     spec = importlib.util.spec_from_file_location("gpu_check_tool", REPO / "tools" / "gpu_check.py")

@@ -17,7 +17,7 @@ from helpers import REPO, run_cli
 SCRIPT = REPO / "tools" / "experiments" / "mask_agnostic.py"
 
 
-@pytest.mark.long
+@pytest.mark.slow  # 22 s; the recipes it drives train at smoke size in make test (tests/test_fault_injection.py)
 def test_the_gpu_size_runs_end_to_end_at_smoke_size_and_marks_the_cells_beyond_training(tmp_path):
     import subprocess
 

@@ -16,6 +16,7 @@ selection_images = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(selection_images)
 
 
+@pytest.mark.slow  # 9 s; make test selects among image-folder samples (tests/data/test_images.py)
 def test_the_tree_holds_the_digits_with_the_stated_noise_and_two_policies_train_at_equal_wall_clock(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     launched = []

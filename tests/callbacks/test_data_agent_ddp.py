@@ -14,7 +14,9 @@ SCRIPT = Path(__file__).with_name("ddp_selection_run.py")
 
 @pytest.mark.ddp
 @pytest.mark.long
-@pytest.mark.parametrize("policy", ["data_agent", pytest.param("data_agent_staleness", marks=pytest.mark.slow),
+@pytest.mark.parametrize("policy", [pytest.param("data_agent", marks=pytest.mark.slow),  # 17 s; make test gathers
+                                    # the ranks' scores in process (tests/samplers/test_rank_gather.py)
+                                    pytest.param("data_agent_staleness", marks=pytest.mark.slow),
                                     pytest.param("infobatch", marks=pytest.mark.slow)])
 def test_two_ranks_select_identically_train_disjoint_shards_and_keep_identical_tables(tmp_path, policy):
     proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), policy], capture_output=True, text=True,

@@ -45,6 +45,7 @@ def test_guard_settings_reach_the_run_a_late_read_names_the_nan_step_and_guard_n
     assert not list((off / "checkpoints").glob("*.ckpt"))
 
 
+@pytest.mark.slow  # 12 s of two processes; make test stops one process on a NaN through the CLI (above)
 @pytest.mark.ddp
 def test_a_nan_on_one_ddp_rank_stops_both_ranks_naming_the_first_step(tmp_path):
     """Rank 1's weights turn NaN as step 4 begins (its loss of step 5 is NaN; rank 0's is NaN from step 6, through

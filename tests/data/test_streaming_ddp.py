@@ -43,8 +43,8 @@ def _run(tmp_path: Path, sizes: dict[str, int], steps: int) -> tuple[list[list[d
     return _logs(tmp_path / "b.jsonl"), log, docs
 
 
-@pytest.mark.ddp
-@pytest.mark.long
+@pytest.mark.slow  # 18 s of two processes; make test streams on one rank with the same equal-steps vote
+@pytest.mark.ddp  # (tests/data/test_streaming.py) and runs DDP through the CLI (tests/test_readme_commands.py)
 @pytest.mark.parametrize("sizes", [{"train-0": 2, "train-1": 30, "train-2": 5, "train-3": 1},  # whole files per rank
                                    pytest.param({"train-0": 2, "train-1": 30, "train-2": 6},  # 1 row in 2 each
                                                 marks=pytest.mark.slow)])

@@ -236,6 +236,8 @@ with torch.no_grad():
 """
 
 
+@pytest.mark.slow  # 10 s; make test: timm loads the model a fit pushed (tests/test_hub_interop.py), model=timm
+# trains on an image folder through the CLI (tests/data/test_images.py)
 def test_the_cli_trains_a_timm_model_on_the_digits_and_timm_opens_its_push_in_a_fresh_process(hub, online, tmp_path,
                                                                                                 monkeypatch):
     """The run dir's push (what `hub.repo_id=` does once the run has finished: `push_to_hub(run_dir)`; the CLI
