@@ -106,6 +106,8 @@ def test_training_with_hub_repo_id_pushes_the_run_and_records_the_commit(hub, tr
     assert [m.split(",")[0] for m in messages[1:3]] == ["HubPush: validation 2", "HubPush: validation 1"]
 
 
+@pytest.mark.slow  # a fresh process (10 s); make test imports every component without hydra or the catalog
+# (tests/test_catalog.py) and pushes and loads a run (above)
 def test_a_plain_project_pushes_and_loads_without_importing_the_catalog_or_hydra(hub, tmp_path):
     code = (  # a fresh process: what a Lightning project that never heard of the catalog does
         "import sys, torch\n"
@@ -125,6 +127,7 @@ def test_a_plain_project_pushes_and_loads_without_importing_the_catalog_or_hydra
     assert json.loads(Path(hf_hub_download("local-user/plain", "config.json")).read_text())["name"] == "transformer_lm"
 
 
+@pytest.mark.slow  # a fresh process (11 s); make test loads pushed runs by name in process (below)
 def test_pull_then_from_pretrained_in_a_fresh_process_print_where_and_give_identical_logits(hub, trained, tmp_path):
     x = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
     torch.save(x, tmp_path / "x.pt")

@@ -86,6 +86,7 @@ def test_a_built_wheel_carries_the_local_hub_and_type_hints_but_no_test_code(whe
     assert leaked == []
 
 
+@pytest.mark.slow  # 11 s; make test trains a recipe from the installed wheel outside the repo (below)
 def test_a_built_wheel_carries_conf_and_composes_a_recipe_at_a_conf_size(wheel, tmp_path):
     """The wheel holds every conf/ YAML as framework/conf/; unpacked and imported without the editable install
     (`python -S`, site-packages on PYTHONPATH), `--cfg job` shows `size=smoke`'s values from conf/preset/."""

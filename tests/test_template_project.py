@@ -63,8 +63,8 @@ def test_the_plain_project_runs_as_it_was(tmp_path):
     assert "selection/cost" not in json.loads((tmp_path / "plain" / "metrics.json").read_text())
 
 
-@pytest.mark.long
-def test_the_framework_parts_added_by_overrides_run(tmp_path, hub):
+@pytest.mark.slow  # a fresh process (13 s); make test runs the template project's module with the framework's sampler
+def test_the_framework_parts_added_by_overrides_run(tmp_path, hub):  # in process (below)
     runs = train("-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *FRAMEWORK, env=hub_env(hub.url, tmp_path / "cache"))
     assert runs.returncode == 0, runs.stderr[-3000:]  # a multirun exits 0 only if every job did
     for job, policy in enumerate(POLICIES):

@@ -229,6 +229,7 @@ def test_the_update_rms_is_0_2_lr_and_each_live_entry_moves_by_0_2_lr_sqrt_of_si
         assert per_entry / lr == pytest.approx(0.2 * math.sqrt(4 / 3)) and round(per_entry / lr, 3) == 0.231
 
 
+@pytest.mark.slow  # a fresh process (19 s here); make test checks the same routing in process (above)
 def test_the_cli_routes_a_convnets_stem_and_head_to_adamw_at_its_own_lr(cli, tmp_path):
     """What the run's optimizer did, read back from its checkpoint: the branch of each parameter and the AdamW lr."""
     proc = cli("recipe=data_agent_digits", "size=smoke", "model=convnet", "optimizer=olion", "sampler=full",
