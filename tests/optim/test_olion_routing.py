@@ -243,6 +243,7 @@ def test_the_cli_routes_a_convnets_stem_and_head_to_adamw_at_its_own_lr(cli, tmp
     assert group["adamw_lr"] == DEFAULT_ADAMW_LR and group["adamw_lr_base"] == 0.05  # OLion's lr: the recipe's
 
 
+@pytest.mark.slow  # a fresh process; make test ties the branch in process (test_adamw_lr_none_ties_...)
 def test_the_cli_ties_the_adamw_branch_with_adamw_lr_null(cli):
     proc = cli("recipe=olion_char_lm", "optimizer.adamw_lr=null", "--cfg", "job", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
