@@ -65,7 +65,8 @@ class TextData(SplitData):
             raise InputError(f"data.val_fraction={val_fraction} must be in (0, 1) (the share of documents held out "
                              "for validation when the source has no validation split)")
         self.column, self.seq_len, self.packing, self.batch_size = column, seq_len, bool(packing), batch_size
-        self.val_fraction, self.seed, self.num_workers = val_fraction, seed, num_workers
+        # a run fills the seed from its own; built on its own (DATA.build("text", ...)) the order is seed 0's
+        self.val_fraction, self.seed, self.num_workers = val_fraction, 0 if seed is None else int(seed), num_workers
         self.streaming = bool(streaming)  # read the training split as a stream (framework.data.streaming)
         if not source:
             raise InputError("data.source= is required: a file, a folder, a glob such as 'corpus/*.jsonl', or a Hub "

@@ -180,3 +180,22 @@ def test_content_given_as_parts_trains_where_the_template_reads_parts():
     doc = chat(tok).document({"messages": row}, 0)
     assert target_runs(tok, doc) == ["Blue.<end_of_turn>"]
     assert tok.decode(doc[0]) == tok.apply_chat_template(row, tokenize=False)
+
+
+def test_the_registered_chat_and_text_modules_load_batches_when_built_outside_a_run(tmp_path, cache):
+    # the catalog registers them with seed=None for a run to fill; built on their own they take seed 0
+    from framework.registry import DATA, load_catalog
+
+    load_catalog()
+    rows = [{"messages": [{"role": "user", "content": f"Q{i}?"}, {"role": "assistant", "content": f"A{i}."}]}
+            for i in range(40)]
+    chats = DATA.build("chat", source=str(write_jsonl(tmp_path / "chats.jsonl", rows)), seq_len=64, batch_size=4)
+    chats.use_tokenizer(tiny_tokenizer(CHATML, None, "<|im_end|>"))
+    (tmp_path / "notes.txt").write_text("one short document\n\nand another one\n" * 50, encoding="utf-8")
+    (tmp_path / "more.txt").write_text("a second file of text\n" * 50, encoding="utf-8")
+    text = DATA.build("text", source=str(tmp_path / "*.txt"), seq_len=32, batch_size=4)
+    for data in (chats, text):
+        data.prepare_data()
+        data.setup()
+        batch = next(iter(data.train_dataloader()))
+        assert data.seed == 0 and batch["input_ids"].shape == (4, data.seq_len)
