@@ -19,11 +19,9 @@ Both ways render each conversation a fixed number of times: building is linear i
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import re
 from collections.abc import Mapping
-from functools import lru_cache
 from typing import Any
 
 from framework.errors import InputError
@@ -328,9 +326,4 @@ def control_tokens(tokenizer: Any) -> tuple[str, ...]:
     return tuple(sorted((n for n in names if n), key=len, reverse=True))
 
 
-@lru_cache(maxsize=64)
-def template_digest(template: str) -> str:
-    return hashlib.sha256(template.encode()).hexdigest()[:16]
-
-
-__all__ = ["Layout", "Renderer", "control_tokens", "has_markers", "template_digest"]
+__all__ = ["Layout", "Renderer", "control_tokens", "has_markers"]

@@ -17,6 +17,7 @@ from support.tiny_chat import (
     LLAMA3,
     MISTRAL,
     target_runs,
+    tiny_chat_model,
     tiny_tokenizer,
     write_jsonl,
 )
@@ -260,15 +261,8 @@ def test_chat_data_on_a_byte_model_is_one_error_line_exit_2_and_nothing_written(
 
 
 def test_an_hf_model_trains_on_a_chat_file_through_the_cli_and_logs_the_counts(tmp_path, cli, tokenizers):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     tok = tokenizers["chatml"]
-    model = tmp_path / "tiny-chat-llama"
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                         eos_token_id=tok.eos_token_id, bos_token_id=None, pad_token_id=None)
-    LlamaForCausalLM(config).save_pretrained(model)
-    tok.save_pretrained(model)
+    model = tiny_chat_model(tmp_path / "tiny-chat-llama", tok)
     rows = [{"messages": _conversation(i)} for i in range(30)] + [{"messages": CONVERSATION * 8}]  # > seq_len
     path = write_jsonl(tmp_path / "chat.jsonl", rows)
     run_dir = tmp_path / "run"

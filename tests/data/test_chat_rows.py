@@ -8,7 +8,7 @@ import json
 
 import pytest
 from support.chat_families import family_tokenizer, template_text
-from support.tiny_chat import CHATML, CONVERSATION, target_runs, tiny_tokenizer, write_jsonl
+from support.tiny_chat import CHATML, CONVERSATION, target_runs, tiny_chat_model, tiny_tokenizer, write_jsonl
 
 from framework.data.chat import ChatRenderer, detect_shape
 from framework.errors import InputError
@@ -150,14 +150,7 @@ def test_malformed_rows_are_refused_naming_the_row_and_the_field(messages, said)
 
 
 def test_a_template_that_refuses_a_row_is_one_error_line_exit_2_and_nothing_written(tmp_path, cli):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = family_tokenizer("gemma3")
-    model = tmp_path / "tiny-gemma-chat"
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
-                     ).save_pretrained(model)
-    tok.save_pretrained(model)
+    model = tiny_chat_model(tmp_path / "tiny-gemma-chat", family_tokenizer("gemma3"), max_positions=128)
     rows = [{"messages": [{"role": "user", "content": f"Q{i}"}, {"role": "assistant", "content": f"A{i}"}]}
             for i in range(8)]
     rows[5] = {"messages": [{"role": "assistant", "content": "A5"}, {"role": "user", "content": "Q5"}]}

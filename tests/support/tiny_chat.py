@@ -99,6 +99,18 @@ def tiny_llama(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def tiny_chat_model(folder: Path, tok, max_positions: int = 256) -> Path:
+    """A fresh 1-layer Llama over `tok`'s vocabulary, saved with `tok` into `folder` (a chat model by folder)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_positions,
+                         eos_token_id=tok.eos_token_id, bos_token_id=None, pad_token_id=None)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
 def target_runs(tok, doc) -> list[str]:
     """The decoded runs of a Document's target tokens (each assistant turn's, in order); every label is its id."""
     ids, labels = doc
