@@ -60,6 +60,8 @@ class ChatData(TextData):
         num_workers: int = 0,
         cache_dir: str | None = None,
         streaming: bool = False,
+        config: str | None = None,
+        allow_changed: bool = False,
     ):
         if train_on not in TRAIN_ON:
             raise InputError(f"data.train_on={train_on!r}; valid: {', '.join(TRAIN_ON)}")
@@ -71,7 +73,7 @@ class ChatData(TextData):
         super().__init__(source=source, column="messages", revision=revision, format=format, split=split,
                          val_split=val_split, val_fraction=val_fraction, seq_len=seq_len, packing=packing,
                          batch_size=batch_size, seed=seed, num_workers=num_workers, cache_dir=cache_dir,
-                         streaming=streaming)
+                         streaming=streaming, config=config, allow_changed=allow_changed)
 
     # ---- the tokenizer --------------------------------------------------------------------------------------
     @property

@@ -3,28 +3,33 @@ packed into rows of `seq_len` (`framework.data.packing`) and cached on disk by w
 
 Our byte models read UTF-8 bytes (vocabulary 256, no EOS: the boundaries live in `position_ids`); a model that
 brings a tokenizer (`use_tokenizer`) gets its ids, without its automatic special tokens, its EOS after each
-document. The cache key (`fingerprint`) is the source's files with sizes and mtimes (or the Hub repo and commit
-sha), the tokenizer's identity (name and a hash of its whole definition), seq_len, packing, column, format and the
-split: a second run reads the packed arrays without reading the source, a changed source is packed anew, and a
-resumed run whose data changed is refused naming both fingerprints (`load_state_dict`).
+document. The cache key (`fingerprint`) is the source's files' bytes (a digest each, `framework.data.file_ids`; or
+the Hub repo and commit sha), the tokenizer's identity (name and a hash of its whole definition), seq_len, packing,
+column, format and the split: a second run reads the packed arrays without reading the source, a touched or
+re-staged copy is the same data, a changed source is packed anew (a log line says what changed), and a resumed run
+whose data changed is refused naming the file and what changed (`load_state_dict`; `data.allow_changed=true` goes
+on with the new data).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from framework.data import sources
+from framework.data import changes, sources
 from framework.data.packing import PackedRows, PackWriter, cache_root, cached, encode, fingerprint, token_dtype
 from framework.data.resumable import SplitData
 from framework.errors import InputError
 
+log = logging.getLogger(__name__)
 
 class TextData(SplitData):
     """The user's text as packed (or one-per-row, padded) rows; batches are dicts (`framework.data.packing`).
@@ -56,6 +61,9 @@ class TextData(SplitData):
         num_workers: int = 0,
         cache_dir: str | None = None,
         streaming: bool = False,
+        sample_by: str = "document",
+        config: str | None = None,
+        allow_changed: bool = False,
     ):
         super().__init__()
         for key, value in (("seq_len", seq_len), ("batch_size", batch_size)):
@@ -68,11 +76,12 @@ class TextData(SplitData):
         # a run fills the seed from its own; built on its own (DATA.build("text", ...)) the order is seed 0's
         self.val_fraction, self.seed, self.num_workers = val_fraction, 0 if seed is None else int(seed), num_workers
         self.streaming = bool(streaming)  # read the training split as a stream (framework.data.streaming)
+        self.allow_changed = bool(allow_changed)  # resume on data that changed since the checkpoint
         if not source:
             raise InputError("data.source= is required: a file, a folder, a glob such as 'corpus/*.jsonl', or a Hub "
                              "dataset id 'owner/name' (with data.revision= to pin it)")
         self.root = cache_root(cache_dir)
-        self.source = sources.resolve(source, revision, format)
+        self.source = sources.resolve(source, revision, format, sample_by, config, self.root)
         self.split, self.val_split = split, self._check(split, val_split)
         self.train_set: PackedRows | None = None
         self.val_set: PackedRows | None = None
@@ -112,7 +121,7 @@ class TextData(SplitData):
     def identity(self) -> dict[str, Any]:
         """Everything that made the packed arrays (the cache key is its `fingerprint`)."""
         held = None if self.val_split else self.val_fraction
-        return {"kind": "text", "source": self.source.identity(), "column": self.column, "format": self.source.format,
+        return {"kind": "text", "source": self.source.identity(), "column": self.column,
                 "split": self.split, "val_split": self.val_split, "val_fraction": held,
                 "tokenizer": self._tokenizer_identity, "seq_len": self.seq_len, "packing": self.packing,
                 **({"streaming": True} if self.streaming else {})}
@@ -127,9 +136,41 @@ class TextData(SplitData):
             self.build()
 
     def build(self) -> Path:
-        """The cached packed arrays of this data, made if missing (atomically: no process sees half of them)."""
-        folder, _ = cached(self.root / "text", self.fingerprint, self._write)
+        """The cached packed arrays of this data, made if missing (atomically: no process sees half of them); a
+        build says so in the log, and what changed since the last build from this source and settings."""
+        folder, built = cached(self.root / "text", self.fingerprint, self._write)
+        if built:
+            self._say_built(folder)
         return folder
+
+    def _lineage(self) -> Path:
+        """Where the last build from this source (by its spec) and settings is remembered."""
+        spec = self.source.repo_id or os.path.abspath(os.path.expanduser(self.source.spec))
+        kind = self.identity()["kind"]
+        return self.root / "sources" / f"last-{fingerprint({'spec': spec, 'kind': kind, 'split': self.split})}.json"
+
+    def _say_built(self, folder: Path) -> None:
+        now = self._version()
+        before = sources.remembered(self._lineage().parent, self._lineage().stem)
+        if before and before.get("fingerprint") != self.fingerprint:
+            old = folder.parent / str(before["fingerprint"])
+            kept = (f"; the cache it supersedes stays ({old}, {_size(old) / 2**20:,.1f} MiB): "
+                    f"python -m framework.data cache rm {before['fingerprint']}") if old.exists() else ""
+            line = (f"data: {self.source.spec} tokenized and packed anew ({changes.describe(before, now)})"
+                    f"{kept}")
+        else:
+            line = f"data: {self.source.spec} tokenized and packed into {folder}"
+        print(line)
+        log.info(line)
+        sources.remember(self._lineage().parent, self._lineage().stem, now)
+
+    def _version(self) -> dict[str, Any]:
+        """This data's identity, fingerprint, files and training documents (a checkpoint and the lineage keep it)."""
+        docs = self.meta.get("train", {}).get("documents") if self.meta else None
+        if docs is None and (self.root / "text" / self.fingerprint / "train" / "meta.json").exists():
+            docs = json.loads((self.root / "text" / self.fingerprint / "train" / "meta.json").read_text())["documents"]
+        return {"fingerprint": self.fingerprint, "identity": self.identity(),
+                "files": [] if self.source.repo_id else self.source.file_table(), "documents": docs}
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None or (self.streaming and self.val_set is not None):
@@ -156,8 +197,19 @@ class TextData(SplitData):
                 for ids in self._documents(split):
                     writers[name].add(ids)
         else:
+            first = None  # held until a second document shows the split has more than one
             for i, ids in enumerate(self._documents(self.split)):
+                if i == 0:
+                    first = ids
+                    continue
+                if first is not None:
+                    writers["val"].add(first)
+                    first = None
                 writers["val" if held_out(i, self.val_fraction) else "train"].add(ids)
+            if first is not None:  # a single document: its last tokens are the validation text
+                keep = tail_start(len(first), self.val_fraction)
+                writers["train"].add(first[:keep])
+                writers["val"].add(first[keep:])
         metas = {name: w.close(fingerprint=self.fingerprint) for name, w in writers.items()}
         for name, meta in metas.items():
             if not meta["tokens"]:
@@ -190,17 +242,26 @@ class TextData(SplitData):
         return super().train_dataloader()
 
     def state_dict(self) -> dict[str, Any]:
-        """Goes into the run's checkpoint: what the data was, so a resumed run can tell it is the same."""
-        return {"fingerprint": self.fingerprint, "source": self.source.describe()}
+        """Goes into the run's checkpoint: what the data was (its identity, files and documents), so a resumed run
+        can tell it is the same and, when it is not, say what changed."""
+        return {**self._version(), "source": self.source.describe()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Refuse to resume on other data than the checkpoint's (InputError naming both fingerprints)."""
+        """Refuse to resume on other data than the checkpoint's (InputError naming what changed), unless
+        `allow_changed`: then say it and go on with the new data."""
         theirs = state.get("fingerprint")
-        if theirs is not None and theirs != self.fingerprint:
-            raise InputError(f"data.source={self.source.spec}: the data changed since the checkpoint was written "
-                             f"(fingerprint {theirs} then, {self.fingerprint} now: the source's files, revision, "
-                             "tokenizer, seq_len, packing, column or split differ); resume with the same data, "
-                             "or start a new run")
+        if theirs is None or theirs == self.fingerprint:
+            return
+        what = changes.describe(state, self._version()) if "identity" in state else (
+            f"fingerprint {theirs} then, {self.fingerprint} now: the source's files, revision, tokenizer, seq_len, "
+            "packing, column or split differ")
+        if self.allow_changed:
+            line = f"data.source={self.source.spec}: resuming on data that changed since the checkpoint ({what})"
+            print(line)
+            log.warning(line)
+            return
+        raise InputError(f"data.source={self.source.spec}: the data changed since the checkpoint was written "
+                         f"({what}); resume on the new data with data.allow_changed=true, or start a new run")
 
     def record(self) -> dict[str, Any]:
         """What results.json and the model card say about the data: dataset, format, tokens, packing efficiency."""
@@ -215,12 +276,26 @@ class TextData(SplitData):
                 "seq_len": self.seq_len, "packing": self.packing, "documents": train["documents"],
                 "tokens": train["tokens"], "rows": train["rows"], "packing_efficiency": round(train["efficiency"], 4),
                 "val_documents": val["documents"], "val_tokens": val["tokens"],
-                "validation": self.val_split or f"held out: {self.val_fraction:g} of the documents"}
+                "validation": self.val_split or (f"held out: {self.val_fraction:g} of the documents" if
+                                                 train["documents"] > 1 else f"held out: the last {self.val_fraction:g}"
+                                                 " of the single document's tokens")}
 
 
 def held_out(i: int, fraction: float) -> bool:
     """Document i is a validation document: every (1/fraction)-th from the first (ceil(n · fraction) of n)."""
     return math.ceil(round((i + 1) * fraction, 9)) > math.ceil(round(i * fraction, 9))
+
+
+def tail_start(length: int, fraction: float) -> int:
+    """Where a single document's held-out tail starts: its last ceil(length · fraction) tokens, at least one, and
+    at least one token left to train on (a document of one token trains and validates on it)."""
+    if length < 2:
+        return length
+    return length - min(length - 1, max(1, math.ceil(length * fraction)))
+
+
+def _size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
 def tokenizer_identity(tokenizer: Any) -> dict[str, Any]:
@@ -238,4 +313,4 @@ def tokenizer_identity(tokenizer: Any) -> dict[str, Any]:
             "definition": digest, "eos": tokenizer.eos_token_id, "size": len(tokenizer)}
 
 
-__all__ = ["TextData", "held_out", "tokenizer_identity"]
+__all__ = ["TextData", "held_out", "tail_start", "tokenizer_identity"]

@@ -120,9 +120,35 @@ def test_a_second_run_reads_the_cache_and_a_changed_source_is_packed_anew(tmp_pa
     edited.setup()
     assert edited.fingerprint != first.fingerprint
     assert b"an edited document" in b"".join(bytes(d) for d in _documents(edited.train_set))
-    with pytest.raises(InputError, match=f"fingerprint {first.fingerprint} then, {edited.fingerprint} now"):
+    with pytest.raises(InputError, match=r"doc003.txt changed \(41 bytes then, 19 now\).*data.allow_changed=true"):
         edited.load_state_dict(first.state_dict())
     edited.load_state_dict(edited.state_dict())
+    TextData(str(folder), seq_len=16, batch_size=2, allow_changed=True).load_state_dict(first.state_dict())
+
+
+def test_a_touched_file_and_a_copy_under_another_path_are_the_same_data(tmp_path, cache, monkeypatch):
+    """The fingerprint is the bytes': `touch`, `cp` without -p and a copy elsewhere find the cache and resume."""
+    import shutil
+    import subprocess
+
+    folder = _folder(tmp_path, _texts(12))
+    first = TextData(str(folder), seq_len=16, batch_size=2)
+    first.setup()
+    subprocess.run(["touch", *map(str, folder.iterdir())], check=True)
+    staged = tmp_path / "node-local" / "corpus"
+    shutil.copytree(folder, staged, copy_function=shutil.copyfile)  # new inodes and times, as `cp -r` gives
+    assert (staged / "doc000.txt").stat().st_mtime_ns != (folder / "doc000.txt").stat().st_mtime_ns
+
+    def never(*args, **kwargs):
+        raise AssertionError("the source was tokenized again")
+
+    for where in (folder, staged):
+        with monkeypatch.context() as patch:
+            patch.setattr(sources, "read_texts", never)
+            again = TextData(str(where), seq_len=16, batch_size=2)
+            again.setup()
+        assert again.fingerprint == first.fingerprint
+        again.load_state_dict(first.state_dict())  # a requeued job on re-staged data resumes
 
 
 def test_the_sources_own_validation_split_is_used_when_it_has_one(tmp_path, cache):
@@ -231,18 +257,30 @@ def test_a_run_on_text_resumed_mid_epoch_ends_with_the_same_weights(tmp_path, cl
 
 
 @pytest.mark.slow
-def test_resuming_on_a_changed_source_is_refused_naming_both_fingerprints(tmp_path, cli):
+def test_a_re_staged_copy_resumes_and_a_changed_file_is_refused_by_name(tmp_path, cli):
+    """A requeued job: the data copied (`cp -r`, new times and path) resumes; an edited file is refused naming it,
+    and data.allow_changed=true goes on with the new data."""
+    import subprocess
+
     folder, run_dir = _folder(tmp_path, _texts(12)), tmp_path / "run"
-    args = [*TINY_TEXT, f"data.source={folder}", f"hydra.run.dir={run_dir}"]
     env = {"FRAMEWORK_DATA_CACHE": str(tmp_path / "cache")}
-    assert cli(*args, "trainer.max_steps=2", env=env).returncode == 0
-    before = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["TextData"]["fingerprint"]
-    with open(folder / "doc001.txt", "a") as f:
+    assert cli(*TINY_TEXT, f"data.source={folder}", f"hydra.run.dir={run_dir}", "trainer.max_steps=2",
+               env=env).returncode == 0
+    staged = tmp_path / "staged"
+    subprocess.run(["cp", "-r", str(folder), str(staged)], check=True)
+    args = [*TINY_TEXT, f"data.source={staged}", f"hydra.run.dir={run_dir}",
+            f"ckpt_path={run_dir}/checkpoints/last.ckpt"]
+    proc = cli(*args, "trainer.max_steps=4", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(staged / "doc001.txt", "a") as f:
         f.write("a line added after the run\n")
-    proc = cli(*args, "trainer.max_steps=4", f"ckpt_path={run_dir}/checkpoints/last.ckpt", env=env)
+    proc = cli(*args, "trainer.max_steps=6", env=env)
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: data.source=") and f"fingerprint {before} then, " in line
+    assert line.startswith("error: data.source=") and "doc001.txt changed (33 bytes then, 60 now)" in line, line
+    proc = cli(*args, "trainer.max_steps=6", "data.allow_changed=true", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resuming on data that changed since the checkpoint (doc001.txt changed" in proc.stdout
 
 
 @pytest.mark.slow
