@@ -52,21 +52,24 @@ def offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
-def resolve_hub(repo_id: str, revision: str | None, config: str | None, root: Path) -> Any:
-    """The `Source` of a Hub dataset: its commit sha now (or, offline, the pinned one) and its files' format."""
+def resolve_hub(repo_id: str, revision: str | None, config: str | None, root: Path, formats: dict[str, str]
+                ) -> dict[str, Any]:
+    """A Hub dataset's `Source` fields: its commit sha now (or, offline, the pinned one) and its files' format
+    (`formats`: extension → builder)."""
     from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
-    from framework.data.sources import FORMATS, Source, _short
     from framework.data.text_files import inner_suffix
+
+    fields = {"spec": repo_id, "builder": "hub", "repo_id": repo_id, "revision": revision, "config": config,
+              "memo": root}
 
     asked = revision or "main"
     if offline():
         seen = _recall(root, repo_id, asked)
         if revision is not None and _SHA.match(revision):
             fmt = (_recall(root, repo_id, revision) or {}).get("format", "hub")
-            return Source(repo_id, "hub", repo_id=repo_id, revision=revision, sha=revision, format=fmt,
-                          config=config, memo=root)
+            return {**fields, "sha": revision, "format": fmt}
         would = (f"the prepared copy here is at commit {seen['sha']}: add data.revision={seen['sha']}" if seen else
                  "prepare it on a node with internet, pinned: python -m framework.data prepare ... "
                  "data.revision=<the commit sha>")
@@ -85,19 +88,20 @@ def resolve_hub(repo_id: str, revision: str | None, config: str | None, root: Pa
                          f"cannot be asked for the dataset '{repo_id}' ({_short(err)}); on a node without "
                          "internet set HF_HUB_OFFLINE=1 and pin data.revision= to a prepared commit") from None
     suffixes = {inner_suffix(f.rfilename) for f in info.siblings or []}
-    kinds = sorted({FORMATS[suffix] for suffix in suffixes if suffix in FORMATS})
+    kinds = sorted({formats[suffix] for suffix in suffixes if suffix in formats})
     fmt = "+".join(kinds) or "hub"
     for key in {asked, info.sha}:
         _keep(root, repo_id, key, {"sha": info.sha, "format": fmt})
-    return Source(repo_id, "hub", repo_id=repo_id, revision=revision, sha=info.sha, format=fmt, config=config,
-                  memo=root)
+    return {**fields, "sha": info.sha, "format": fmt}
 
 
-def hub_splits(source: Any) -> list[str]:
-    """The split names of the dataset's config (`data.config=`, checked against the configs it has)."""
-    from framework.data.sources import datasets_module
+def _short(err: BaseException) -> str:
+    return " ".join(f"{type(err).__name__}: {err}".split())[:300]
 
-    datasets = datasets_module()
+
+def hub_splits(source: Any, datasets: Any) -> list[str]:
+    """The split names of the dataset's config (`data.config=`, checked against the configs it has); `datasets`:
+    the module."""
     configs = list(datasets.get_dataset_config_names(source.repo_id, revision=source.sha))
     if source.config is not None and source.config not in configs:
         close = difflib.get_close_matches(source.config, configs, n=3, cutoff=0.6)

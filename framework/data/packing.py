@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -267,6 +268,14 @@ class BestFit:
         self.buffer = []
 
 
+def tail_start(length: int, fraction: float) -> int:
+    """Where a single document's held-out tail starts: its last ceil(length · fraction) tokens, at least one, and
+    at least one token left to train on (a document of one token trains and validates on it)."""
+    if length < 2:
+        return length
+    return length - min(length - 1, max(1, math.ceil(length * fraction)))
+
+
 def best_fit(lengths: list[int], capacity: int) -> list[list[int]]:
     """Indices of `lengths` in bins of at most `capacity`: longest first, each into the fullest bin it fits."""
     bins: list[list[int]] = []
@@ -296,6 +305,5 @@ def chunks(rows: Iterator[dict[str, Any]], size: int) -> Iterator[tuple[int, lis
         yield start, chunk
 
 
-
 __all__ = ["BestFit", "Document", "IGNORE", "PackWriter", "PackedRows", "best_fit", "cache_root", "cached", "chunks",
-           "fingerprint", "pack", "token_dtype"]
+           "fingerprint", "pack", "tail_start", "token_dtype"]

@@ -135,7 +135,7 @@ def resolve(source: str, revision: str | None = None, format: str | None = None,
     if _HUB_ID.match(spec) and text_files.inner_suffix(spec) not in FORMATS and not spec.startswith((".", "~")):
         from framework.data.hub_source import resolve_hub
 
-        return resolve_hub(spec, revision, config, extra["memo"])
+        return Source(**resolve_hub(spec, revision, config, extra["memo"], FORMATS), sample_by=sample_by)
     raise InputError(f"data.source={spec}: no such file or folder (give a file, a folder, a glob such as "
                      f"'corpus/*.jsonl', or a Hub dataset id 'owner/name')")
 
@@ -199,7 +199,7 @@ def splits_of(source: Source) -> list[str]:
         return list(source.files)
     from framework.data.hub_source import hub_splits
 
-    return hub_splits(source)
+    return hub_splits(source, datasets_module())
 
 
 def field(row: dict[str, Any], column: str) -> tuple[bool, Any]:

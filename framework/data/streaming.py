@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from framework.data.packing import IGNORE, PackedRows
+from framework.data.packing import IGNORE, PackedRows, tail_start
 from framework.data.stream_state import ResumableStream
 from framework.errors import InputError
 
@@ -235,18 +235,32 @@ def open_split(data: Any, split: str, rank: int = 0, world: int = 1, shuffle: bo
     return open_rows
 
 
-def documents_of(data: Any, held: float | None, validation: bool = False) -> Callable[[Any], Iterator[Documents]]:
+def documents_of(data: Any, held: float | None, validation: bool = False, tails: bool = False,
+                 seen: dict[str, int] | None = None) -> Callable[[Any], Iterator[Documents]]:
     """The DataModule's documents of opened rows (`data.document_batches`), without the held-out ones (training)
-    or only them (validation) when a `held` fraction of the documents is the validation set."""
-
+    or only them (validation) when a `held` fraction of the documents is the validation set (counted in `seen`).
+    `tails`: every document trains on its head and validates on its last `data.val_fraction` of tokens."""
     def documents(rows: Any) -> Iterator[Documents]:
         for group in data.document_batches(rows):
-            if held is None:
+            if tails:
+                cuts = [tail_start(len(_split(d)[0]), data.val_fraction) for d in group]
+                yield [_cut(d, c, validation) for d, c in zip(group, cuts, strict=True)]
+            elif held is None:
                 yield group
             else:
-                yield [d for d in group if held_out(_split(d)[0], held) == validation]
+                marks = [held_out(_split(d)[0], held) for d in group]
+                if seen is not None:
+                    seen["val"] += sum(marks)
+                    seen["train"] += len(marks) - sum(marks)
+                yield [d for d, m in zip(group, marks, strict=True) if m == validation]
 
     return documents
+
+
+def _cut(doc: Any, at: int, tail: bool) -> Any:
+    """A document's tokens (and labels) before `at`, or from it."""
+    part = slice(at, None) if tail else slice(None, at)
+    return (doc[0][part], None if doc[1] is None else doc[1][part]) if isinstance(doc, tuple) else doc[part]
 
 
 def _splits_documents(data: Any) -> bool:
@@ -258,8 +272,9 @@ def train_loader(data: Any) -> StreamLoader:
     """The streamed training loader of a `text` / `chat` DataModule (`data.trainer` gives rank and world size)."""
     trainer = data.trainer
     rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-    held = None if data.val_split else data.val_fraction
-    stream = RankStream(open_split(data, data.split, rank, world), documents_of(data, held), data.seq_len,
+    held = None if data.val_split or getattr(data, "tails", False) else data.val_fraction
+    documents = documents_of(data, held, tails=getattr(data, "tails", False))
+    stream = RankStream(open_split(data, data.split, rank, world), documents, data.seq_len,
                         data.packing, _splits_documents(data))
     data.stream_loader = StreamLoader(stream, data.batch_size, data.pad_id, trainer)
     return data.stream_loader
@@ -267,22 +282,34 @@ def train_loader(data: Any) -> StreamLoader:
 
 def val_rows(data: Any, limit: int = VAL_ROWS) -> list[dict[str, torch.Tensor]]:
     """The first `limit` validation rows, the same on every rank: from the source's validation split, else the
-    held-out documents of the training split (`held_out`)."""
+    held-out documents of the training split (`held_out`); when those leave validation or training empty (a
+    split of one document, or of a few), every document's last val_fraction of tokens (`data.tails`)."""
+    seen = {"train": 0, "val": 0}
     if data.val_split:
         opened, documents = open_split(data, data.val_split, shuffle=False), documents_of(data, None)
     else:
         opened = open_split(data, data.split, shuffle=False)
-        documents = documents_of(data, data.val_fraction, validation=True)
+        documents = documents_of(data, data.val_fraction, validation=True, seen=seen)
+    rows, ended = _first_rows(data, opened, documents, limit)
+    if not data.val_split and ended and (not rows or not seen["train"]) and seen["train"] + seen["val"]:
+        data.tails = True
+        rows, _ = _first_rows(data, opened, documents_of(data, None, validation=True, tails=True), limit)
+    if not rows:
+        where = f"the {data.val_split} split" if data.val_split else f"the held-out documents ({data.val_fraction:g})"
+        raise InputError(f"data.source={data.source.spec}: {where} has no text in data.column={data.column!r}; "
+                         "add text")
+    batch = collate(rows, data.seq_len, data.packing, data.pad_id, 0)
+    return [{key: value[i] for key, value in batch.items()} for i in range(len(rows))]
+
+
+def _first_rows(data: Any, opened: Callable[[int], Any], documents: Callable[[Any], Iterator[Documents]],
+                limit: int) -> tuple[list[Any], bool]:
+    """Up to `limit` rows of a stream, and whether the stream ended before them."""
     stream = RankStream(opened, documents, data.seq_len, data.packing, _splits_documents(data))
     rows = []
     while len(rows) < limit and stream.has_fresh():
         rows.append(stream.next_row())
-    if not rows:
-        where = f"the {data.val_split} split" if data.val_split else f"the held-out documents ({data.val_fraction:g})"
-        raise InputError(f"data.source={data.source.spec}: {where} has no text in data.column={data.column!r}; "
-                         "raise data.val_fraction or add text")
-    batch = collate(rows, data.seq_len, data.packing, data.pad_id, 0)
-    return [{key: value[i] for key, value in batch.items()} for i in range(len(rows))]
+    return rows, not stream.has_fresh()
 
 
 def record(data: Any) -> dict[str, Any]:
@@ -292,4 +319,7 @@ def record(data: Any) -> dict[str, Any]:
     return {**data.source.describe(), "fingerprint": data.fingerprint, "format": data.source.format,
             "column": data.column, "seq_len": data.seq_len, "packing": data.packing, "streaming": True,
             "rows_read": counts["rows"], "repeated_rows": counts["repeated"], "val_rows": len(data.val_set or ()),
-            "validation": data.val_split or f"held out: {data.val_fraction:g} of the documents (by content hash)"}
+            "validation": data.val_split or (f"held out: the last {data.val_fraction:g} of each document's tokens "
+                                             "(the split's documents, by content hash, left a side empty)"
+                                             if getattr(data, "tails", False) else
+                                             f"held out: {data.val_fraction:g} of the documents (by content hash)")}

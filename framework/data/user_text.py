@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,16 @@ from typing import Any
 import numpy as np
 
 from framework.data import changes, sources
-from framework.data.packing import PackedRows, PackWriter, cache_root, cached, encode, fingerprint, token_dtype
+from framework.data.packing import (
+    PackedRows,
+    PackWriter,
+    cache_root,
+    cached,
+    encode,
+    fingerprint,
+    tail_start,
+    token_dtype,
+)
 from framework.data.resumable import SplitData
 from framework.errors import InputError
 
@@ -44,6 +54,7 @@ class TextData(SplitData):
     mask_id: int | None = None
     eos_id: int | None = None
     pad_id: int = 0
+    tails = False  # streamed: every document validates on its last tokens (`streaming.val_rows` decides)
 
     def __init__(
         self,
@@ -160,7 +171,7 @@ class TextData(SplitData):
                     f"{kept}")
         else:
             line = f"data: {self.source.spec} tokenized and packed into {folder}"
-        print(line)
+        print(line, file=sys.stderr)  # stdout stays the record's (`python -m framework.data prepare` prints JSON)
         log.info(line)
         sources.remember(self._lineage().parent, self._lineage().stem, now)
 
@@ -286,14 +297,6 @@ def held_out(i: int, fraction: float) -> bool:
     return math.ceil(round((i + 1) * fraction, 9)) > math.ceil(round(i * fraction, 9))
 
 
-def tail_start(length: int, fraction: float) -> int:
-    """Where a single document's held-out tail starts: its last ceil(length · fraction) tokens, at least one, and
-    at least one token left to train on (a document of one token trains and validates on it)."""
-    if length < 2:
-        return length
-    return length - min(length - 1, max(1, math.ceil(length * fraction)))
-
-
 def _size(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
@@ -313,4 +316,4 @@ def tokenizer_identity(tokenizer: Any) -> dict[str, Any]:
             "definition": digest, "eos": tokenizer.eos_token_id, "size": len(tokenizer)}
 
 
-__all__ = ["TextData", "held_out", "tail_start", "tokenizer_identity"]
+__all__ = ["TextData", "held_out", "tokenizer_identity"]

@@ -17,15 +17,20 @@ def _jsonl(path, rows):
     return path
 
 
-def test_a_file_a_folder_and_a_glob_resolve_to_files_with_sizes_and_mtimes(tmp_path):
+def test_a_file_a_folder_and_a_glob_resolve_to_files_with_sizes_and_digests(tmp_path, caplog):
+    import hashlib
+
     for name in ("b.txt", "a.txt"):
         (tmp_path / name).write_text(f"the text of {name}\n")
-    (tmp_path / "notes.md").write_text("not data")
+    (tmp_path / "scan.pdf").write_bytes(b"%PDF-1.4")
     one = sources.resolve(str(tmp_path / "a.txt"))
     assert one.builder == "text" and one.files == {"train": [str(tmp_path / "a.txt")]}
-    folder = sources.resolve(str(tmp_path))
-    assert folder.files == {"train": [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]}  # sorted, .md left out
-    assert folder.identity()["stats"][0][1] == (tmp_path / "a.txt").stat().st_size
+    with caplog.at_level("WARNING"):
+        folder = sources.resolve(str(tmp_path))
+    assert folder.files == {"train": [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]}  # sorted, .pdf left out
+    assert "1 .pdf file left out" in caplog.text
+    digest = hashlib.sha256((tmp_path / "a.txt").read_bytes()).hexdigest()[:32]
+    assert folder.identity()["files"]["train"][0] == [digest, (tmp_path / "a.txt").stat().st_size]
     assert sources.resolve(str(tmp_path / "*.txt")).files == folder.files
     texts = [t for batch in sources.read_texts(folder, "train", "text") for t in batch]
     assert texts == ["the text of a.txt\n", "the text of b.txt\n"]  # a .txt file is one document
