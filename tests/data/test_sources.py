@@ -97,3 +97,41 @@ def test_a_hub_dataset_is_read_by_name_at_the_revision_given(tmp_path, hub):
         sources.resolve("me/absent")
     with pytest.raises(InputError, match="data.revision=v9: the Hub dataset 'me/notes'"):
         sources.resolve(repo, revision="v9")
+
+
+def test_a_hub_dataset_with_two_configs_takes_data_config_with_a_did_you_mean(tmp_path, hub, cache):
+    repo, up = "me/two-configs", tmp_path / "up2"
+    hub.api.create_repo(repo, repo_type="dataset")
+    for lang in ("english", "french"):
+        (up / lang).mkdir(parents=True)
+        _jsonl(up / lang / "train.jsonl", [{"text": f"{lang} {i}"} for i in range(3)])
+    (up / "README.md").write_text("---\nconfigs:\n- config_name: english\n  data_files: english/*.jsonl\n"
+                                  "- config_name: french\n  data_files: french/*.jsonl\n---\n")
+    hub.api.upload_folder(folder_path=up, repo_id=repo, repo_type="dataset")
+    with pytest.raises(InputError, match=r"has 2 configs and no default: name one with data.config= "
+                                         r"\(english, french\)"):
+        sources.splits_of(sources.resolve(repo))
+    with pytest.raises(InputError, match=r"data.config='frnch' is not a config .* Did you mean 'french'\?"):
+        sources.splits_of(sources.resolve(repo, config="frnch"))
+    french = sources.resolve(repo, config="french")
+    assert sources.splits_of(french) == ["train"] and french.identity()["config"] == "french"
+    assert next(sources.read_texts(french, "train", "text")) == ["french 0", "french 1", "french 2"]
+
+
+def test_offline_a_pinned_hub_dataset_resolves_without_asking_and_an_unpinned_one_says_how_to_pin(
+        tmp_path, hub, cache, monkeypatch):
+    from framework.data import hub_source
+
+    repo = "me/offline-notes"
+    hub.api.create_repo(repo, repo_type="dataset")
+    _jsonl(tmp_path / "train.jsonl", [{"text": "a"}])
+    sha = hub.api.upload_file(path_or_fileobj=str(tmp_path / "train.jsonl"), path_in_repo="train.jsonl",
+                              repo_id=repo, repo_type="dataset").oid
+    assert sources.resolve(repo).sha == sha  # online: resolved, remembered
+    monkeypatch.setattr(hub_source, "offline", lambda: True)
+    monkeypatch.setattr("huggingface_hub.HfApi.dataset_info", lambda *a, **k: pytest.fail("asked the Hub offline"))
+    pinned = sources.resolve(repo, revision=sha)
+    assert (pinned.sha, pinned.format) == (sha, "json")
+    with pytest.raises(InputError, match=f"HF_HUB_OFFLINE=1 and data.revision=main is not a commit sha.*commit {sha}: "
+                                         f"add data.revision={sha}"):
+        sources.resolve(repo)

@@ -226,7 +226,7 @@ def test_a_recipe_trains_on_a_folder_of_text_files_through_the_cli(tmp_path, cli
 
 
 @pytest.mark.slow  # a fresh interpreter (HF_ENDPOINT is read at import): ~16 s
-def test_a_hub_dataset_is_trained_on_by_name_and_revision_in_a_fresh_process(tmp_path, cli, hub):
+def test_a_hub_dataset_is_trained_on_by_name_and_revision_in_a_fresh_process_then_offline(tmp_path, cli, hub):
     repo, up = "me/user-text", tmp_path / "up"
     hub.api.create_repo(repo, repo_type="dataset")
     up.mkdir()
@@ -241,6 +241,11 @@ def test_a_hub_dataset_is_trained_on_by_name_and_revision_in_a_fresh_process(tmp
     assert proc.returncode == 0, proc.stderr[-3000:]
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["TextData"]
     assert state["source"] == {"dataset": repo, "revision": sha, "sha": sha}
+    # a compute node without internet: the prepared commit trains from the cache, asking nothing
+    proc = cli(*TINY_TEXT, f"data.source={repo}", f"data.revision={sha}", "data.column=body", "trainer.max_steps=2",
+               f"hydra.run.dir={tmp_path}/offline", env={**env, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://0.0.0.0:9"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "offline" / "results.json").read_text())["data"]["sha"] == sha
 
 
 TINY_TEXT = ["recipe=char_lm", "data=text", "data.seq_len=32", "data.batch_size=4", "model.dim=32", "model.depth=1",
