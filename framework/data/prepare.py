@@ -14,7 +14,8 @@ from typing import Any
 
 from framework.errors import InputError, run_cli
 
-USAGE = "usage: python -m framework.data prepare recipe=NAME data=text data.source=PATH_OR_HUB_ID [key=value ...]"
+USAGE = ("usage: python -m framework.data prepare recipe=NAME data=text data.source=PATH_OR_HUB_ID [key=value ...]\n"
+         "       python -m framework.data cache ls | rm KEY... | rm --all")
 
 
 def prepare(argv: list[str]) -> dict[str, Any]:
@@ -46,6 +47,13 @@ def prepare(argv: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["cache"]:
+        from framework.data import cache_cli
+
+        if args[1:2] in (["-h"], ["--help"]):
+            print(cache_cli.__doc__.strip())
+            return 0
+        return run_cli(lambda: print(cache_cli.main(args[1:])))
     if not args or args[0] != "prepare" or args[1:2] in (["-h"], ["--help"]):
         print(__doc__.strip() if args[1:2] in (["-h"], ["--help"]) else USAGE, file=sys.stderr)
         return 0 if args[1:2] in (["-h"], ["--help"]) else 2

@@ -205,7 +205,7 @@ class ChatData(TextData):
                 part = f"the {self.val_split} split" if name == "val" and self.val_split else f"the {name} part"
                 raise InputError(f"data.source={self.source.spec}: {part} has no row left to train on: "
                                  f"{stats.line()}")
-            writers[name].close(fingerprint=self.fingerprint, chat=dataclasses.asdict(stats))
+            writers[name].close(fingerprint=self.fingerprint, source=self.source.spec, chat=dataclasses.asdict(stats))
 
     # ---- prompt batches, for a module that generates from the prompts and checks the completions ---------------
     #: serve prompt batches (framework.probes.prompts) instead of packed rows: set by `use_prompts()`, or asked by

@@ -221,7 +221,7 @@ class TextData(SplitData):
                 keep = tail_start(len(first), self.val_fraction)
                 writers["train"].add(first[:keep])
                 writers["val"].add(first[keep:])
-        metas = {name: w.close(fingerprint=self.fingerprint) for name, w in writers.items()}
+        metas = {name: w.close(fingerprint=self.fingerprint, source=self.source.spec) for name, w in writers.items()}
         for name, meta in metas.items():
             if not meta["tokens"]:
                 where = f"the {self.val_split} split" if name == "val" and self.val_split else f"the {name} part"

@@ -299,3 +299,35 @@ def test_two_ranks_train_on_text_in_equal_steps(tmp_path, cli):
     rank1 = json.loads((tmp_path / "run" / "results.rank1.json").read_text())
     assert rank0["global_step"] == rank1["global_step"] == 4
     assert rank0["metrics"]["val/loss"] == rank1["metrics"]["val/loss"]
+
+
+def test_a_changed_source_is_packed_anew_saying_why_and_the_old_entry_is_listed_and_removed(tmp_path, cache,
+                                                                                            capsys):
+    import subprocess
+    import sys
+
+    folder = _folder(tmp_path, _texts(12))
+    first = TextData(str(folder), seq_len=16, batch_size=2)
+    first.setup()
+    (folder / "doc004.txt").write_text("an edited document\n")
+    edited = TextData(str(folder), seq_len=16, batch_size=2)
+    edited.setup()
+    said = capsys.readouterr().err
+    assert (f"tokenized and packed anew (doc004.txt changed (43 bytes then, 19 now)); the cache it supersedes "
+            f"stays ({cache / 'text' / first.fingerprint}") in said, said
+    assert f"python -m framework.data cache rm {first.fingerprint}" in said
+
+    def data(*args):
+        return subprocess.run([sys.executable, "-m", "framework.data", *args], capture_output=True, text=True,
+                              timeout=120)
+
+    listed = data("cache", "ls").stdout
+    assert first.fingerprint in listed and edited.fingerprint in listed and "2 entries" in listed
+    assert str(folder) in listed
+    assert data("cache", "rm", first.fingerprint[:8]).stdout.startswith("removed 1 entry")
+    listed = data("cache", "ls").stdout
+    assert first.fingerprint not in listed and "1 entries" in listed
+    assert (cache / "text" / edited.fingerprint / "done").exists()
+    wrong = data("cache", "rm", "zzz")
+    assert wrong.returncode == 2 and wrong.stderr.strip().splitlines()[-1].startswith(
+        f"error: cache rm zzz: is no entry of {cache / 'text'}")
