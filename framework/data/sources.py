@@ -300,6 +300,8 @@ def read_texts(source: Source, split: str, column: str, batch_size: int = 1000, 
         return
     if rows is None:
         rows = source.load(split).select_columns([column.split(".")[0] if "." in column else column])
+    if source.builder == "text":  # documents of up to PIECE characters: fewer at a time
+        batch_size = min(batch_size, text_files.READ_BATCH)
     try:
         for batch in rows.iter(batch_size=batch_size):
             texts = batch[column] if column in batch else [field(r, column)[1] for r in _rows_of(batch)]

@@ -21,8 +21,10 @@ from typing import IO, Any
 from framework.errors import InputError
 
 SAMPLE_BY = ("document", "line", "paragraph")
-#: the most characters a document is read at a time (1 Mi): one big file is read in pieces of this size
-PIECE = 1 << 20
+#: the most characters a document is read at a time (256 Ki, about 64k tokens): one big file is read in pieces
+PIECE = 1 << 18
+#: documents of text files read together (a streamed read batch: at most READ_BATCH · PIECE characters)
+READ_BATCH = 64
 
 
 def _zstd(path: str) -> IO[bytes]:
@@ -130,18 +132,22 @@ def rows(files: list[str], sample_by: str = "document") -> Iterator[dict[str, An
             yield {"text": text}
 
 
-def batches(files: list[str], sample_by: str = "document", size: int = 1000) -> Iterator[list[str]]:
-    """The documents of `files`, `size` at a time (the cached path reads this way, without `datasets`)."""
+def batches(files: list[str], sample_by: str = "document", size: int = 1000, chars: int = 16 * PIECE
+            ) -> Iterator[list[str]]:
+    """The documents of `files`, `size` at a time or fewer when they reach `chars` characters (the cached path
+    reads this way, without `datasets`)."""
     batch: list[str] = []
+    held = 0
     for path in files:
         for text in documents(path, sample_by):
             batch.append(text)
-            if len(batch) == size:
+            held += len(text)
+            if len(batch) == size or held >= chars:
                 yield batch
-                batch = []
+                batch, held = [], 0
     if batch:
         yield batch
 
 
-__all__ = ["COMPRESSIONS", "PIECE", "SAMPLE_BY", "batches", "documents", "inner_suffix", "open_bytes", "open_text",
-           "rows"]
+__all__ = ["COMPRESSIONS", "PIECE", "READ_BATCH", "SAMPLE_BY", "batches", "documents", "inner_suffix", "open_bytes",
+           "open_text", "rows"]

@@ -41,12 +41,15 @@ from framework.errors import InputError
 
 log = logging.getLogger(__name__)
 
+
 class TextData(SplitData):
     """The user's text as packed (or one-per-row, padded) rows; batches are dicts (`framework.data.packing`).
 
     The validation rows are `val_split` (default: the source's own `validation`/`valid`/`val`/`dev`/`test`
     split), else a held-out `val_fraction` of the documents: every (1/val_fraction)-th, from the first, so
-    ceil(n · val_fraction) of n. A `.txt` file is one document (datasets' `sample_by="document"`)."""
+    ceil(n · val_fraction) of n; a split of a single document holds out its last val_fraction of tokens instead.
+    A `.txt` (or `.md`) file is one document, read in pieces of at most 256 Ki characters (`sample_by`: document,
+    line or paragraph, datasets' words; `framework.data.text_files`)."""
 
     vocab_size = 256
     tokenizer = None
