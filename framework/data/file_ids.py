@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-_BLOCK = 1 << 23
+_BLOCK = 1 << 20
 
 
 def digest(path: str | Path, memo_root: Path | None = None) -> str:

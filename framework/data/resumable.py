@@ -54,7 +54,7 @@ class EpochSampler(Sampler[int]):
         return {"seed": self.seed, "epoch": self.epoch}
 
 
-def _blockwise(order: torch.Tensor, block: int = 1 << 16) -> Iterator[int]:
+def _blockwise(order: torch.Tensor, block: int = 1 << 13) -> Iterator[int]:
     """The indices of `order` as Python ints, a block at a time: an epoch of millions of rows never becomes one
     Python list (8 bytes a row in the tensor, not about 36 in a list)."""
     for lo in range(0, len(order), block):

@@ -266,7 +266,7 @@ def bad_json_line(files: list[str]) -> tuple[str, int, str, str] | None:
     return None
 
 
-def check_utf8(path: str, spec: str | None = None, chunk: int = 1 << 24) -> None:
+def check_utf8(path: str, spec: str | None = None, chunk: int = 1 << 20) -> None:
     """InputError naming `path`, the line and byte offset of its first byte sequence that is not UTF-8 (of the
     decompressed bytes, for a compressed file)."""
     decoder = codecs.getincrementaldecoder("utf-8")()
@@ -301,7 +301,7 @@ def read_texts(source: Source, split: str, column: str, batch_size: int = 1000, 
     if rows is None:
         rows = source.load(split).select_columns([column.split(".")[0] if "." in column else column])
     if source.builder == "text":  # documents of up to PIECE characters: fewer at a time
-        batch_size = min(batch_size, text_files.READ_BATCH)
+        batch_size = min(batch_size, text_files.READ_BATCH[source.sample_by])
     try:
         for batch in rows.iter(batch_size=batch_size):
             texts = batch[column] if column in batch else [field(r, column)[1] for r in _rows_of(batch)]

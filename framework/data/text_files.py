@@ -23,8 +23,9 @@ from framework.errors import InputError
 SAMPLE_BY = ("document", "line", "paragraph")
 #: the most characters a document is read at a time (256 Ki, about 64k tokens): one big file is read in pieces
 PIECE = 1 << 18
-#: documents of text files read together (a streamed read batch: at most READ_BATCH · PIECE characters)
-READ_BATCH = 64
+#: documents of text files read together in a stream, by what a document is (a read batch of whole-file pieces
+#: holds at most 8 · PIECE characters)
+READ_BATCH = {"document": 8, "paragraph": 64, "line": 256}
 
 
 def _zstd(path: str) -> IO[bytes]:
@@ -60,8 +61,9 @@ def open_text(path: str | Path) -> IO[str]:
     return io.TextIOWrapper(open_bytes(path), encoding="utf-8-sig", newline=None)
 
 
-def documents(path: str | Path, sample_by: str = "document", piece: int = PIECE) -> Iterator[str]:
-    """The file's non-empty documents, in order (each at most `piece` characters: module docstring)."""
+def documents(path: str | Path, sample_by: str = "document", piece: int | None = None) -> Iterator[str]:
+    """The file's non-empty documents, in order (each at most `piece` characters, default `PIECE`)."""
+    piece = piece or PIECE
     if sample_by not in SAMPLE_BY:
         raise InputError(f"data.sample_by={sample_by!r}; valid: {', '.join(SAMPLE_BY)}")
     with open_text(path) as f:
@@ -132,10 +134,11 @@ def rows(files: list[str], sample_by: str = "document") -> Iterator[dict[str, An
             yield {"text": text}
 
 
-def batches(files: list[str], sample_by: str = "document", size: int = 1000, chars: int = 16 * PIECE
+def batches(files: list[str], sample_by: str = "document", size: int = 1000, chars: int | None = None
             ) -> Iterator[list[str]]:
-    """The documents of `files`, `size` at a time or fewer when they reach `chars` characters (the cached path
-    reads this way, without `datasets`)."""
+    """The documents of `files`, `size` at a time or fewer when they reach `chars` characters (default 8 · PIECE;
+    the cached path reads this way, without `datasets`)."""
+    chars = chars or 8 * PIECE
     batch: list[str] = []
     held = 0
     for path in files:

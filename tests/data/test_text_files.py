@@ -143,3 +143,46 @@ def test_an_epoch_order_of_a_million_rows_is_never_one_python_list():
     assert first == torch.randperm(1_000_000, generator=g)[:5].tolist()  # the order is unchanged
     assert np.array_equal(np.fromiter(iter(EpochSampler(50, batch_size=5, seed=1)), int),
                           torch.randperm(50, generator=torch.Generator().manual_seed(1_000_003)).numpy())
+
+
+def test_reading_one_big_file_holds_the_same_memory_at_ten_times_the_size(tmp_path, cache, monkeypatch):
+    """Traced allocations (Python and numpy: where file contents would live) while packing into the cache and while
+    streaming one epoch of a single .txt file, then of one 10x larger: the peak stays within 10 % (+0.5 MB). The
+    buffers are shrunk so that the small file already fills them all (the real sizes: BENCHMARKS.md ## data)."""
+    import random
+
+    import datasets  # noqa: F401 - imported before tracing: its import is no part of reading
+
+    from framework.data import file_ids, packing, streaming
+
+    monkeypatch.setattr(text_files, "PIECE", 1 << 14)
+    monkeypatch.setattr(packing, "_FLUSH_TOKENS", 1 << 16)
+    monkeypatch.setattr(file_ids, "_BLOCK", 1 << 16)
+    monkeypatch.setattr(sources.check_utf8, "__defaults__", (None, 1 << 16))
+    monkeypatch.setattr(streaming.val_rows, "__defaults__", (8,))  # validation rows read at the start
+    rng = random.Random(0)
+    block = " ".join(rng.choices(["alpha", "beta", "gamma", "delta\n", "epsilon.\n\n"], k=100_000))
+    peaks = {}
+    for name, blocks in (("small", 1), ("large", 10)):  # about 0.6 MB, then 6 MB
+        path = tmp_path / f"{name}.txt"
+        path.write_text(block * blocks)
+        for mode in ("prepare", "stream"):
+            tracemalloc.start()
+            data = TextData(str(path), seq_len=512, batch_size=16, streaming=mode == "stream")
+            if mode == "prepare":
+                rows = len(PackedRowsOf(data.build()))
+            else:
+                data.setup()
+                rows = 16 * sum(1 for _ in streaming.train_loader(data))
+            peaks[(name, mode)] = (tracemalloc.get_traced_memory()[1], rows)
+            tracemalloc.stop()
+    for mode in ("prepare", "stream"):
+        (small, rows_small), (large, rows_large) = peaks[("small", mode)], peaks[("large", mode)]
+        assert rows_large > 9 * rows_small > 0
+        assert large <= 1.1 * small + 500_000, (mode, peaks)
+
+
+def PackedRowsOf(folder):  # noqa: N802 - reads like the class it opens
+    from framework.data.packing import PackedRows
+
+    return PackedRows(folder / "train")
