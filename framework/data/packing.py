@@ -4,8 +4,11 @@ A `Document` is `(ids, labels)`: int token ids and, where only some tokens are t
 (-100 = no loss; None = every token a target). `PackWriter` lays documents into rows, greedy and in order, and
 appends them to flat binary files (nanoGPT's layout plus the offsets it lacks): `tokens.bin` (every row's real
 tokens, concatenated), `row_starts.bin` (n_rows + 1 offsets into it), `doc_starts.bin` (where each document, or
-piece of one, starts) and, when some token is not a target, `targets.bin` (1 = a target). Memory stays bounded by
-one flush, so a corpus larger than memory packs too. `PackedRows` reads them back as the batch dicts of user text:
+piece of one, starts), `row_docs.bin` (n_rows + 1 indices into doc_starts: the row's first document start) and,
+when some token is not a target, `targets.bin` (1 = a target). Memory stays bounded by one flush, so a corpus larger
+than memory packs too. `PackedRows` reads a row with a few positioned reads (`os.pread`) of exactly its bytes, not
+through a memory map, so a run's resident memory does not grow with the pages a long epoch touches. It returns the
+batch dicts of user text:
 `input_ids`, `labels` (not shifted; -100 on padding, non-targets and each packed document's first token),
 `position_ids` restarting per document (packed) or `attention_mask` (one document per row), and `index`.
 """
@@ -29,7 +32,7 @@ from torch.utils.data import Dataset
 
 Document = tuple[np.ndarray, "np.ndarray | None"]
 IGNORE = -100
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: row_docs.bin
 _FLUSH_TOKENS = 1 << 22
 
 
@@ -73,10 +76,12 @@ class PackWriter:
         self._tokens: list[np.ndarray] = []
         self._targets: list[np.ndarray] = []
         self._rows: list[int] = [0]
+        self._row_docs: list[int] = [0]
+        self._pieces = 0
         self._docs: list[int] = []
         self._pending = 0
         self._files = {name: open(self.folder / f"{name}.bin", "wb")  # noqa: SIM115 - closed in close()
-                       for name in ("tokens", "targets", "row_starts", "doc_starts")}
+                       for name in ("tokens", "targets", "row_starts", "doc_starts", "row_docs")}
 
     def add(self, ids: np.ndarray, labels: np.ndarray | None = None) -> None:
         """Append one document (an empty one is skipped)."""
@@ -105,6 +110,7 @@ class PackWriter:
             raise ValueError(f"token ids in [{int(ids.min())}, {int(ids.max())}] do not fit {self.dtype} (ids from 0 "
                              f"to {np.iinfo(self.dtype).max}); pack with a wider dtype (`token_dtype(vocab_size)`)")
         self._docs.append(self.offset)
+        self._pieces += 1
         self._tokens.append(ids.astype(self.dtype, copy=False))
         if self.has_targets:
             self._targets.append(target)
@@ -118,6 +124,7 @@ class PackWriter:
 
     def _end_row(self) -> None:
         self._rows.append(self.offset)
+        self._row_docs.append(self._pieces)
         self.fill = 0
 
     def _flush(self) -> None:
@@ -130,7 +137,8 @@ class PackWriter:
                 self._files[name].write(np.concatenate(parts).astype(dtype, copy=False).tobytes())
         self._files["row_starts"].write(np.asarray(self._rows, dtype=np.int64).tobytes())
         self._files["doc_starts"].write(np.asarray(self._docs, dtype=np.int64).tobytes())
-        self._tokens, self._targets, self._rows, self._docs, self._pending = [], [], [], [], 0
+        self._files["row_docs"].write(np.asarray(self._row_docs, dtype=np.int64).tobytes())
+        self._tokens, self._targets, self._rows, self._docs, self._row_docs, self._pending = [], [], [], [], [], 0
 
     def close(self, **extra: Any) -> dict[str, Any]:
         """Finish the last row, write `meta.json` (counts, packing efficiency and `extra`) and return it."""
@@ -160,15 +168,42 @@ def pack(documents: Iterable[Document], folder: str | Path, seq_len: int, packin
     return PackedRows(folder)
 
 
+class FileArray:
+    """A flat binary file as a 1-D array that reads what is sliced from it (`os.pread`): no memory map, so nothing
+    read stays resident in the process after the slice is gone."""
+
+    def __init__(self, path: str | Path, dtype: np.dtype | type):
+        self.path, self.dtype = str(path), np.dtype(dtype)
+        self.fd = os.open(self.path, os.O_RDONLY)
+        self.size = os.fstat(self.fd).st_size // self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key: int | slice) -> Any:
+        if isinstance(key, slice):
+            lo, hi, _ = key.indices(self.size)
+            if hi <= lo:
+                return np.zeros(0, self.dtype)
+            width = self.dtype.itemsize
+            return np.frombuffer(os.pread(self.fd, (hi - lo) * width, lo * width), dtype=self.dtype)
+        return self[key:key + 1][0]
+
+    def __del__(self) -> None:
+        fd, self.fd = getattr(self, "fd", None), None
+        if fd is not None:
+            os.close(fd)
+
+
 class PackedRows(Dataset):
-    """The rows `PackWriter` wrote, as batch dicts (module docstring). The arrays are memmaps opened on first use
-    in each process (a DataLoader worker opens its own), so a row costs one slice of each file."""
+    """The rows `PackWriter` wrote, as batch dicts (module docstring). The files are opened on first use in each
+    process (a DataLoader worker opens its own), so a row costs a few positioned reads of its own bytes."""
 
     def __init__(self, folder: str | Path, pad_id: int = 0):
         self.folder, self.pad_id = Path(folder), pad_id
         self.meta = json.loads((self.folder / "meta.json").read_text())
         self.seq_len, self.packing = self.meta["seq_len"], self.meta["packing"]
-        self._arrays: dict[str, np.ndarray] | None = None
+        self._arrays: dict[str, Any] | None = None
 
     def __len__(self) -> int:
         return self.meta["rows"]
@@ -176,12 +211,11 @@ class PackedRows(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_arrays": None}
 
-    def arrays(self) -> dict[str, np.ndarray]:
+    def arrays(self) -> dict[str, Any]:
         if self._arrays is None:
             dtypes = {"tokens": np.dtype(self.meta["dtype"]), "targets": np.uint8, "row_starts": np.int64,
-                      "doc_starts": np.int64}
-            self._arrays = {name: np.memmap(self.folder / f"{name}.bin", dtype=dtype, mode="r")
-                            if os.path.getsize(self.folder / f"{name}.bin") else np.zeros(0, dtype)
+                      "doc_starts": np.int64, "row_docs": np.int64}
+            self._arrays = {name: FileArray(self.folder / f"{name}.bin", dtype)
                             for name, dtype in dtypes.items() if (self.folder / f"{name}.bin").exists()}
         return self._arrays
 
@@ -189,7 +223,7 @@ class PackedRows(Dataset):
         if not 0 <= i < len(self):
             raise IndexError(f"row {i} of {len(self)}")
         a = self.arrays()
-        lo, hi = int(a["row_starts"][i]), int(a["row_starts"][i + 1])
+        lo, hi = (int(v) for v in a["row_starts"][i:i + 2])
         n, length = hi - lo, self.seq_len
         ids = np.full(length, self.pad_id, dtype=np.int64)
         ids[:n] = a["tokens"][lo:hi]
@@ -198,7 +232,11 @@ class PackedRows(Dataset):
         if "targets" in a:
             labels[:n][a["targets"][lo:hi] == 0] = IGNORE
         docs = a["doc_starts"]
-        starts = np.asarray(docs[np.searchsorted(docs, lo): np.searchsorted(docs, hi)], dtype=np.int64) - lo
+        if "row_docs" in a:  # the written cache: the row's document starts by index
+            first, last = (int(v) for v in a["row_docs"][i:i + 2])
+        else:  # rows held in memory (a streamed batch): found by search
+            first, last = int(np.searchsorted(docs, lo)), int(np.searchsorted(docs, hi))
+        starts = np.asarray(docs[first:last], dtype=np.int64) - lo
         row = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
         if self.packing:
             labels[starts] = IGNORE  # no prediction crosses into a document from the one before it
@@ -305,5 +343,5 @@ def chunks(rows: Iterator[dict[str, Any]], size: int) -> Iterator[tuple[int, lis
         yield start, chunk
 
 
-__all__ = ["BestFit", "Document", "IGNORE", "PackWriter", "PackedRows", "best_fit", "cache_root", "cached", "chunks",
+__all__ = ["BestFit", "Document", "FileArray", "IGNORE", "PackWriter", "PackedRows", "best_fit", "cache_root", "cached", "chunks",
            "fingerprint", "pack", "tail_start", "token_dtype"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from framework.data import packing
-from framework.data.packing import IGNORE, PackedRows, cached, pack, token_dtype
+from framework.data.packing import IGNORE, FileArray, PackedRows, cached, pack, token_dtype
 
 
 def _docs(lengths: list[int], start: int = 1) -> list[tuple[np.ndarray, None]]:
@@ -90,12 +90,12 @@ def test_targets_begin_when_a_document_first_masks_a_token_and_cover_the_tokens_
     assert not (tmp_path / "q" / "targets.bin").exists()
 
 
-def test_rows_are_flat_memmapped_arrays_that_survive_pickling(tmp_path):
+def test_rows_are_flat_arrays_read_by_position_that_survive_pickling(tmp_path):
     rows = pack(_docs([300] * 4), tmp_path / "p", seq_len=64, dtype=token_dtype(2000))
     raw = np.fromfile(tmp_path / "p" / "tokens.bin", dtype=np.uint16)
     assert raw.tolist() == list(range(1, 1201)) and token_dtype(256) == np.uint8 and token_dtype(70_000) == np.uint32
-    assert isinstance(rows.arrays()["tokens"], np.memmap)
-    again = pickle.loads(pickle.dumps(rows))  # a DataLoader worker gets the paths, and opens its own memmaps
+    assert isinstance(rows.arrays()["tokens"], FileArray)  # read by pread: nothing stays mapped
+    again = pickle.loads(pickle.dumps(rows))  # a DataLoader worker gets the paths, and opens its own files
     assert again._arrays is None and torch.equal(again[5]["input_ids"], rows[5]["input_ids"])
     with pytest.raises(ValueError, match="do not fit uint8"):
         pack([(np.array([3, 300]), None)], tmp_path / "q", seq_len=4)

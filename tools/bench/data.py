@@ -21,8 +21,11 @@ trained on it offline (`tokenizers`, wrapped in transformers' PreTrainedTokenize
 (e) Chat data build (tools/bench/_chat_build.py): ChatData building its cache against `datasets` + TRL's SFTTrainer
     dataset preparation (assistant_only_loss, packing bfd), 5,000 conversations of 2-6 exchanges and 500 of 20-30,
     alternating rounds on fresh data and caches; the masks compared row by row. Goal: >= 1.0x (stretch: 2x).
+(f) One big text file (tools/bench/_big_file.py): the peak RSS of packing it into the cache, of reading the cache as
+    a training run does and of streaming one epoch, for a single .txt file of 100 MB and of 1 GB (--quick: 10 MB
+    and 100 MB). Goal: each 1 GB peak <= 1.1x the 100 MB one.
 
-    python tools/bench/data.py [--quick] [--rounds 5] [--only a b c d e]
+    python tools/bench/data.py [--quick] [--rounds 5] [--only a b c d e f]
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _big_file  # noqa: E402 - section (f), beside this file
 import _chat_build  # noqa: E402 - section (e), beside this file
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
@@ -460,14 +464,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", nargs="+", choices=list("abcde"), default=list("abcde"),
+    parser.add_argument("--only", nargs="+", choices=list("abcdef"), default=list("abcdef"),
                         help="the sections to run (default: all)")
     parser.add_argument("--rss-child", nargs=4, metavar=("FOLDER", "TOKENIZER", "MODE", "CACHE"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--big-child", nargs=3, metavar=("FILE", "MODE", "CACHE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.rss_child:
         rss_child(*args.rss_child)
+        return 0
+    if args.big_child:
+        _big_file.child(*args.big_child)
         return 0
     import datasets
 
@@ -498,6 +506,9 @@ def main(argv: list[str] | None = None) -> int:
         if "e" in only:
             n = max(2, rounds) if args.quick else rounds  # two even when quick: the order turns once
             _chat_build.print_results(_chat_build.run(words, tokenizer, CHATML, size["name"], n, tmp), n)
+        if "f" in only:
+            sizes = (10, 100) if args.quick else (100, 1000)
+            _big_file.print_results(_big_file.run(tmp, sizes, __file__), sizes)
     return 0
 
 
