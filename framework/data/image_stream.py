@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from framework.data.image_files import BadImage, load_image
-from framework.data.stream_state import ResumableStream
+from framework.data.stream_state import ResumableStream, share_strategy
 from framework.data.streaming import shard_order_epoch
 from framework.errors import InputError
 
@@ -40,9 +40,10 @@ def open_stream(data: Any, split: str, rank: int = 0, world: int = 1, shuffle: b
     keep = [c for c in (data.image_col, data.label_col, "__key__") if c and c in (base.features or {})]
     base = base.select_columns(keep)
     base = base.cast_column(data.image_col, Image(decode=False))
+    strategy = share_strategy(data.stream_source, split, world)
 
     def open_rows(epoch: int) -> Any:
-        rows = split_dataset_by_node(base, rank=rank, world_size=world)
+        rows = split_dataset_by_node(base, rank=rank, world_size=world, **strategy)
         rows.set_epoch(shard_order_epoch(data.seed, epoch) if shuffle else 0)
         return rows
 
@@ -186,7 +187,9 @@ def setup_stream(data: Any, spec: str, revision: str | None, image_column: str, 
                              "data.streaming=false")
         every = sorted({f for fs in files.values() for f in fs})
         stats = tuple((f, st.st_size, st.st_mtime_ns) for f in every for st in [Path(f).stat()])
-        source = sources.Source(spec, kind, files, stats, format=kind)
+        from framework.data.packing import cache_root
+
+        source = sources.Source(spec, kind, files, stats, format=kind, memo=cache_root())  # digests remembered
     else:
         source = sources.resolve(spec, revision)
     data.stream_source, data.source_spec = source, spec

@@ -343,5 +343,5 @@ def chunks(rows: Iterator[dict[str, Any]], size: int) -> Iterator[tuple[int, lis
         yield start, chunk
 
 
-__all__ = ["BestFit", "Document", "FileArray", "IGNORE", "PackWriter", "PackedRows", "best_fit", "cache_root", "cached", "chunks",
-           "fingerprint", "pack", "tail_start", "token_dtype"]
+__all__ = ["BestFit", "Document", "FileArray", "IGNORE", "PackWriter", "PackedRows", "best_fit", "cache_root", "cached",
+           "chunks", "fingerprint", "pack", "tail_start", "token_dtype"]

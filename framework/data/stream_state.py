@@ -7,6 +7,31 @@ from typing import Any
 
 from framework.errors import InputError
 
+#: whole files go to ranks only when the ranks' bytes then differ by at most this ratio
+EVEN_SHARES = 1.1
+
+
+def share_strategy(source: Any, split: str, world: int) -> dict[str, str]:
+    """How ranks share a split: whole files when their number divides the world size and each rank's files hold
+    about as many bytes (within `EVEN_SHARES`: `datasets` gives rank r the files r, r + world, ...); otherwise 1 row
+    in `world` of every file, so ranks read as much data however uneven the files (each parses them all). A Hub
+    dataset's file sizes are not known here: `datasets`' own choice (whole files when their number divides)."""
+    import inspect
+
+    from datasets.distributed import split_dataset_by_node
+
+    if world < 2 or "strategy" not in inspect.signature(split_dataset_by_node).parameters:
+        return {}
+    if source.repo_id:
+        return {"strategy": "auto"}
+    size = {path: n for path, n, _ in source.stats}
+    files = source.files[split]
+    if len(files) % world == 0:
+        shares = [sum(size[f] for f in files[r::world]) for r in range(world)]
+        if min(shares) > 0 and max(shares) <= EVEN_SHARES * min(shares):
+            return {"strategy": "shards"}
+    return {"strategy": "examples"}
+
 
 class ResumableStream:
     """What a streamed training loader shares, text or images: the rank and world size from the trainer, the epoch,
@@ -21,6 +46,7 @@ class ResumableStream:
         self._resume: dict[str, Any] | None = None
         self._after: dict[tuple[int, int], dict[str, Any]] = {}  # (epoch, batches done) → position after them
         self.totals = totals  # this rank's, over the whole run
+        self.rank_totals: list[dict[str, int]] | None = None  # every rank's, as gathered at the last checkpoint
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -51,6 +77,7 @@ class ResumableStream:
 
             ranks = [None] * self.world
             dist.all_gather_object(ranks, mine)
+        self.rank_totals = [dict(r.get("totals") or {}) for r in ranks]  # every rank's counts, for the record
         return {"world": self.world, "ranks": ranks}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -65,3 +92,6 @@ class ResumableStream:
             ranks = []
         self._resume = dict(ranks[self.rank]) if ranks else None
         self.totals = dict(self._resume.get("totals", self.totals)) if self._resume else self.totals
+
+
+__all__ = ["EVEN_SHARES", "ResumableStream", "share_strategy"]

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from framework.data.packing import IGNORE, PackedRows, tail_start
-from framework.data.stream_state import ResumableStream
+from framework.data.stream_state import ResumableStream, share_strategy
 from framework.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -222,13 +222,15 @@ VAL_ROWS = 256
 
 
 def open_split(data: Any, split: str, rank: int = 0, world: int = 1, shuffle: bool = True) -> Callable[[int], Any]:
-    """`open_rows(epoch)`: the rank's share of `split` (`split_dataset_by_node`), its files in (seed, epoch) order."""
+    """`open_rows(epoch)`: the rank's share of `split` (`split_dataset_by_node`, `share_strategy`), its files in
+    (seed, epoch) order."""
     from datasets.distributed import split_dataset_by_node
 
     base = data.source.load(split)
+    strategy = share_strategy(data.source, split, world)
 
     def open_rows(epoch: int) -> Any:
-        rows = split_dataset_by_node(base, rank=rank, world_size=world)
+        rows = split_dataset_by_node(base, rank=rank, world_size=world, **strategy)
         rows.set_epoch(shard_order_epoch(data.seed, epoch) if shuffle else 0)
         return rows
 
@@ -313,13 +315,19 @@ def _first_rows(data: Any, opened: Callable[[int], Any], documents: Callable[[An
 
 
 def record(data: Any) -> dict[str, Any]:
-    """What results.json says about streamed data: the source, and this rank's rows and repeats so far."""
+    """What results.json says about streamed data: the source, and the rows read and repeated so far, summed over
+    the ranks (each rank's beside, as gathered at the last checkpoint; this rank's alone before one)."""
     loader = getattr(data, "stream_loader", None)
     counts = loader.totals if loader is not None else {"rows": 0, "repeated": 0}
-    return {**data.source.describe(), "fingerprint": data.fingerprint, "format": data.source.format,
-            "column": data.column, "seq_len": data.seq_len, "packing": data.packing, "streaming": True,
-            "rows_read": counts["rows"], "repeated_rows": counts["repeated"], "val_rows": len(data.val_set or ()),
-            "validation": data.val_split or (f"held out: the last {data.val_fraction:g} of each document's tokens "
+    ranks = getattr(loader, "rank_totals", None) or [counts]
+    out = {**data.source.describe(), "fingerprint": data.fingerprint, "format": data.source.format,
+           "column": data.column, "seq_len": data.seq_len, "packing": data.packing, "streaming": True,
+           "rows_read": sum(r.get("rows", 0) for r in ranks), "repeated_rows": sum(r.get("repeated", 0) for r in ranks),
+           "val_rows": len(data.val_set or ()),
+           "validation": data.val_split or (f"held out: the last {data.val_fraction:g} of each document's tokens "
                                              "(the split's documents, by content hash, left a side empty)"
                                              if getattr(data, "tails", False) else
                                              f"held out: {data.val_fraction:g} of the documents (by content hash)")}
+    if len(ranks) > 1:
+        out["ranks"] = [{"rows_read": r.get("rows", 0), "repeated_rows": r.get("repeated", 0)} for r in ranks]
+    return out

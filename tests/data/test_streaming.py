@@ -260,3 +260,17 @@ def test_a_selection_sampler_on_a_stream_is_refused_before_anything_is_written(t
                      "stream (data.streaming=true) does not have; drop one (data.streaming=false reads the cached "
                      "rows)"], lines
     assert not run_dir.exists()
+
+
+def test_ranks_share_whole_files_only_when_their_bytes_come_out_even():
+    from framework.data.sources import Source
+    from framework.data.stream_state import share_strategy
+
+    def source(sizes):
+        files = [f"/data/part-{i}.jsonl" for i in range(len(sizes))]
+        return Source("corpus/", "json", {"train": files}, tuple((f, n, 0) for f, n in zip(files, sizes, strict=True)))
+
+    assert share_strategy(source([600, 30, 300, 20]), "train", 2) == {"strategy": "examples"}  # 900 vs 50 bytes
+    assert share_strategy(source([100, 98, 101, 100]), "train", 2) == {"strategy": "shards"}
+    assert share_strategy(source([100, 100, 100]), "train", 2) == {"strategy": "examples"}  # 3 files, 2 ranks
+    assert share_strategy(source([100, 5]), "train", 1) == {}
