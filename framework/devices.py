@@ -1,6 +1,9 @@
-"""The device a command-line tool runs a model on (`--device`): `auto` is the GPU where torch sees one."""
+"""The device a command-line tool runs a model on (`--device`): `auto` is the GPU where torch sees one; and the CPUs
+it may use (`usable_cpus`), for its default thread and worker counts."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -19,3 +22,12 @@ def pick_device(name: str) -> torch.device:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"--device {name!r}: MPS is not available here; use --device cpu, or auto")
     return device
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask where the OS has one (a job's share of a node), else
+    every CPU; at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # macOS and Windows have no affinity mask
+        return max(1, os.cpu_count() or 1)

@@ -48,6 +48,7 @@ class ImageSource:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (name, why) of files that are not images
     left_out: int = 0  # images whose class the class_map does not name
     revision: str | None = None  # the Hub revision asked for (the commit it named is `ident["sha"]`)
+    channels: int = 3  # 1 when every image that decodes is grey (the scan says), else 3
 
     def __len__(self) -> int:
         return len(self.items)
@@ -57,9 +58,9 @@ class ImageSource:
 
     def image(self, i: int) -> Any:
         if self.table is None:
-            return load_image(self.items[i])
+            return load_image(self.items[i], channels=self.channels)
         cell = self.table[int(self.items[i])][self.table.column_names[0]]
-        return load_image(cell.get("bytes") or cell["path"], name=self.name(i))
+        return load_image(cell.get("bytes") or cell["path"], name=self.name(i), channels=self.channels)
 
     def label(self, i: int) -> int | None:
         return None if self.labels is None else self.labels[i]
@@ -103,6 +104,10 @@ def open_images(source: str, split: str = "train", revision: str | None = None, 
     raw, natural, src = found
     _scan(src, strict, cache_dir, workers)
     if raw is not None:
+        lost = sorted({str(r) for r in raw} - {str(raw[i]) for i in src.ident["kept"]})
+        if lost:  # a class folder whose every file was skipped
+            log.warning("data.source=%s: class%s %s lost every file (none decodes as an image): not a class of this "
+                        "run", spec, "es" if len(lost) > 1 else "", ", ".join(lost))
         raw = [raw[i] for i in src.ident.pop("kept")]
         _apply_labels(src, raw, natural, _read_class_map(class_map), classes)
         present = len(set(src.labels or ()))
@@ -235,15 +240,17 @@ def _label_column(spec: str, table: Any, wanted: str | None) -> str | None:
 
 
 def _scan(src: ImageSource, strict: bool, cache_dir: str | None, workers: int) -> None:
-    """Decode every image once (remembered by the split's fingerprint); keep the good ones (`ident["kept"]`)."""
+    """Decode every image once (remembered by the split's fingerprint); keep the good ones (`ident["kept"]`) and
+    say whether they are all grey (`channels`)."""
     memo = cache_root(cache_dir) / "images" / "scans" / f"{src.identity()}.json"
     try:
-        bad = {int(i): why for i, why in json.loads(memo.read_text()).items()}
-    except (OSError, ValueError):
-        bad = _decode_all(src, workers)
+        seen = json.loads(memo.read_text())
+        bad, src.channels = {int(i): why for i, why in seen["bad"].items()}, int(seen["channels"])
+    except (OSError, ValueError, KeyError, TypeError):
+        bad, src.channels = _decode_all(src, workers)
         memo.parent.mkdir(parents=True, exist_ok=True)
         tmp = memo.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(bad))
+        tmp.write_text(json.dumps({"bad": bad, "channels": src.channels}))
         os.replace(tmp, memo)
     if bad and strict:
         first = min(bad)
@@ -259,21 +266,22 @@ def _scan(src: ImageSource, strict: bool, cache_dir: str | None, workers: int) -
                          f"that can be decoded (first: {src.skipped[0][0]}: {src.skipped[0][1]})")
 
 
-def _decode_all(src: ImageSource, workers: int) -> dict[int, str]:
-    """{index: why} of the items that do not decode (a thread pool: PIL decodes outside the GIL)."""
-    def why(i: int) -> str | None:
+def _decode_all(src: ImageSource, workers: int) -> tuple[dict[int, str], int]:
+    """({index: why} of the items that do not decode, 1 if all the others are grey else 3): a thread pool (PIL
+    decodes outside the GIL)."""
+    def check(i: int) -> str | int:
         try:
             if src.table is None:
-                check_image(src.items[i])
-            else:
-                cell = src.table[int(src.items[i])][src.table.column_names[0]]
-                check_image(cell.get("bytes") or cell["path"], name=src.name(i))
+                return check_image(src.items[i])
+            cell = src.table[int(src.items[i])][src.table.column_names[0]]
+            return check_image(cell.get("bytes") or cell["path"], name=src.name(i))
         except BadImage as err:
             return err.why
-        return None
 
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        return {i: w for i, w in enumerate(pool.map(why, range(len(src)), chunksize=64)) if w is not None}
+        results = list(pool.map(check, range(len(src)), chunksize=64))
+    bad = {i: r for i, r in enumerate(results) if isinstance(r, str)}
+    return bad, max((r for r in results if isinstance(r, int)), default=3)
 
 
 def _read_class_map(class_map: dict | str | None) -> dict[str, Any] | None:

@@ -100,6 +100,7 @@ class ImageData(SplitData):
         self.val_split = self._choose_val(self.source.splits, val_split)
         if self.val_split:
             self.val_source = open_images(source, self.val_split, classes=self.source.classes, **opts)
+            self.source.channels = self.val_source.channels = max(self.source.channels, self.val_source.channels)
             self.train_rows, self.val_rows = list(range(len(self.source))), list(range(len(self.val_source)))
         else:
             self.val_source = self.source
@@ -158,12 +159,21 @@ class ImageData(SplitData):
         self.input_shape = list(self.config()["input_size"])
         self.train_set = self.val_set = None
 
+    @property
+    def channels(self) -> int:
+        """The images' channels: 1 when every image of a folder or table is grey, else 3 (a stream: 3)."""
+        return getattr(getattr(self, "source", None), "channels", 3)
+
     def config(self) -> dict[str, Any]:
-        """The transform's settings: the model's data config, else the defaults at `image_size`."""
+        """The transform's settings: the model's data config, else the defaults at `image_size`; the channels are
+        the data's (grey images: one channel, mean and std averaged to one value)."""
         cfg = {**DEFAULT_CONFIG, "input_size": (3, DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE), **(self.data_config or {})}
         if self.image_size is not None:
             cfg["input_size"] = (3, self.image_size, self.image_size)
-        cfg["input_size"] = tuple(int(s) for s in cfg["input_size"])
+        c = self.channels
+        cfg["input_size"] = (c, *(int(s) for s in cfg["input_size"][1:]))
+        if c == 1:
+            cfg["mean"], cfg["std"] = ((sum(cfg[k]) / len(cfg[k]),) for k in ("mean", "std"))
         return cfg
 
     def transforms(self) -> tuple[Any, Any]:

@@ -1,11 +1,12 @@
-"""`python -m framework.metrics REAL GEN [--k 5] [--correction none] [--plot FIG.png]`: P/R/D/C as JSON.
+"""`python -m framework.metrics REAL GEN [--k 5] [--correction none] [--threads N] [--plot FIG.png]`: P/R/D/C as JSON.
 
 REAL (the reference) and GEN (the generated samples) are each a 2-D (points, dims) `.npy` array of features
 (`np.save`; nothing is unpickled); images (a folder, searched recursively, or a Hub image dataset) turned into
 features by a timm model (`--feature NAME` or `hf-hub:ORG/NAME`; default DINOv2 ViT-L/14, as dgm-eval), cached by
 content; or texts (a `.txt` file, one per line; `.jsonl` and the other files, folders and Hub datasets `data=text`
 reads: their `--column`) embedded by `--feature MODEL` (a transformers model folder or Hub id: `HFFeatures`' pooled
-hidden states). The JSON holds the raw and the corrected metrics, the hubness of the reals, and names each role.
+hidden states). The JSON holds the raw metrics, the hubness of the reals, and names each role; with `--correction`
+other than none, also the corrected metrics and the reals' hubness after the correction (ICDM runs only then).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from framework.devices import usable_cpus
 from framework.errors import InputError, run_cli
 from framework.metrics import inputs
-from framework.metrics.functional import CORRECTIONS, NEIGHBOURS, prdc
+from framework.metrics.functional import CORRECTIONS, NEIGHBOURS, check_correction, prdc
 
 METRICS = ("precision", "recall", "density", "coverage")
 
@@ -33,20 +36,24 @@ def main(argv: list[str] | None = None) -> int:
     add("fake", metavar="gen", help="the generated side: .npy features, a folder of images, a Hub dataset, texts")
     add("--k", type=int, default=5, help="neighbourhood size (prdc: 5, Kynkäänniemi: 3)")
     add("--correction", default="none",
-        help=f"one of {', '.join(CORRECTIONS)}: the top-level figures (default none = prdc); 'corrected' in the JSON "
-             "is this correction, or icdm (real factors only) when none; gicdm_reconstructed: our reconstruction "
-             "of GICDM, over-corrects, see docs/gicdm.md")
+        help=f"one of {', '.join(CORRECTIONS)}: the top-level figures (default none = prdc, and no correction is "
+             "computed); otherwise 'raw' and 'corrected' in the JSON hold both; icdm: real factors only; "
+             "gicdm_reconstructed: our reconstruction of GICDM, over-corrects, see docs/gicdm.md")
     add("--neighbours", default="exact", help=f"ICDM neighbours, one of {', '.join(NEIGHBOURS)}")
     add("--le", action="store_true", help="ball test with <= (Kynkäänniemi) instead of < (prdc)")
     add("--block-size", type=int, default=None, help="tile edge in points (default 1024)")
     add("--feature", default=None, help="images: a timm model name or hf-hub:ORG/NAME (default "
         "vit_large_patch14_dinov2.lvd142m); texts: a transformers model folder or Hub id")
-    add("--plot", type=Path, default=None, help="write a figure (P/R/D/C raw and corrected, a PCA of both sides, "
-        "the reals' k-occurrence) to this .png")
+    add("--threads", type=int, default=None, metavar="N",
+        help=f"torch threads for the feature extraction and the metrics (default: the CPUs this process may use, "
+             f"{usable_cpus()} here, minus the decoding --workers when a side is images; at least 1)")
+    add("--plot", type=Path, default=None, help="write a figure (P/R/D/C raw, and corrected with --correction; a "
+        "PCA of both sides; the reals' k-occurrence) to this .png")
     images = parser.add_argument_group("images")
     images.add_argument("--bf16", action="store_true", help="extract in bfloat16 autocast")
     images.add_argument("--batch-size", type=int, default=64, help="images per forward (default 64)")
-    images.add_argument("--workers", type=int, default=None, help="decoding processes (default: cores - 1, ≤ 8)")
+    images.add_argument("--workers", type=int, default=None,
+                        help="decoding processes (default: the CPUs this process may use - 1, at least 1, at most 8)")
     images.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is a GPU)")
     images.add_argument("--cache-dir", default=None, help="features cache (default $FRAMEWORK_DATA_CACHE/features, "
                         "else ~/.cache/framework/features)")
@@ -65,12 +72,34 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> None:
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads={args.threads}: give a number of torch threads >= 1 (default: the CPUs this "
+                         "process may use minus the decoding --workers, at least 1)")
+    check_correction(args.correction)  # before any feature is computed
     if args.plot is not None and args.plot.suffix.lower() not in (".png", ".pdf", ".svg"):
         raise InputError(f"--plot {args.plot}: give a .png, .pdf or .svg file")
     plans = [inputs.plan_side(p, args.feature, args.column, args.split, args.image_column, args.strict)
              for p in (args.real, args.fake)]
     inputs.check_plans(*plans, args.feature)
     extract, feature = _extractor(args, plans)
+    threads = args.threads or default_threads(extract.workers if extract is not None else 0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = _measure(args, plans, extract, feature)
+    finally:
+        torch.set_num_threads(before)  # `main` may run inside a caller's process (tests, notebooks)
+    print(json.dumps(out, indent=2))
+
+
+def default_threads(workers: int) -> int:
+    """torch threads that do not oversubscribe: the CPUs this process may use minus the decoding workers, >= 1."""
+    return max(1, usable_cpus() - workers)
+
+
+def _measure(args: argparse.Namespace, plans: list[inputs.Plan], extract: Any, feature: dict[str, Any] | None
+             ) -> dict[str, Any]:
+    """Features of both sides (read, embedded or extracted), their scores, the figure: the JSON's content."""
     (real, new_real), (fake, new_fake) = (inputs.realise(plan, _embedder(args), extract, role)
                                           for plan, role in zip(plans, ("real", "generated"), strict=True))
     if real.features.shape[1:] != fake.features.shape[1:]:
@@ -90,22 +119,23 @@ def _evaluate(args: argparse.Namespace) -> None:
     if args.plot is not None:
         plot(real.features, fake.features, out, args.plot)
         out["plot"] = str(args.plot)
-    print(json.dumps(out, indent=2))
+    return out
 
 
 def _scores(real: np.ndarray, fake: np.ndarray, args: argparse.Namespace) -> dict[str, Any]:
-    """The top-level figures (as `--correction` asks), plus `raw`, `corrected` and the reals' hubness."""
+    """The top-level figures (as `--correction` asks), `raw` and the reals' hubness; with a correction, also
+    `corrected` and the hubness after it. `--correction none` runs no correction at all."""
     options = {"strict": not args.le, "neighbours": args.neighbours, "block_size": args.block_size}
     raw = prdc(real, fake, args.k, "none", **options)
-    chosen = args.correction if args.correction != "none" else "icdm"
-    corrected = prdc(real, fake, args.k, chosen, **options)
-    out = dict(raw if args.correction == "none" else corrected)
+    corrected = None if args.correction == "none" else prdc(real, fake, args.k, args.correction, **options)
+    out = {k: v for k, v in raw.items() if k != "hub_skew_real_corrected"} if corrected is None else dict(corrected)
     out["raw"] = {m: raw[m] for m in METRICS}
-    out["corrected"] = {"correction": chosen, **{m: corrected[m] for m in METRICS},
-                        **{k: v for k, v in corrected.items() if k.startswith(("icdm_", "filtered"))}}
-    out["hubness"] = {"real_k_occurrence_skewness": raw["hub_skew_real"],
-                      "real_k_occurrence_skewness_corrected": corrected["hub_skew_real_corrected"],
-                      "corrected_by": chosen}
+    out["hubness"] = {"real_k_occurrence_skewness": raw["hub_skew_real"]}
+    if corrected is not None:
+        out["corrected"] = {"correction": args.correction, **{m: corrected[m] for m in METRICS},
+                            **{k: v for k, v in corrected.items() if k.startswith(("icdm_", "filtered"))}}
+        out["hubness"].update(real_k_occurrence_skewness_corrected=corrected["hub_skew_real_corrected"],
+                              corrected_by=args.correction)
     return out
 
 
@@ -127,7 +157,7 @@ def _extractor(args: argparse.Namespace, plans: list[inputs.Plan]) -> tuple[Any,
     def extract(images: F.ImageSet, desc: str = "") -> F.Extracted:
         return F.features(model, images, cache, strict=args.strict, desc=desc)
 
-    extract.cache = cache
+    extract.cache, extract.workers = cache, model.workers
     return extract, {**resolved.describe(), "bf16": args.bf16, "device": str(model.device),
                      "pool": "timm num_classes=0 (the model's pooled features)"}
 
@@ -164,9 +194,11 @@ def plot(real: np.ndarray, fake: np.ndarray, out: dict[str, Any], path: Path) ->
     fig = Figure(figsize=(14, 4))
     bars, scatter, hist = fig.subplots(1, 3)
     where = np.arange(len(METRICS))
-    corrected = out["corrected"]
-    bars.bar(where - 0.2, [out["raw"][m] for m in METRICS], 0.4, label="raw")
-    bars.bar(where + 0.2, [corrected[m] for m in METRICS], 0.4, label=corrected["correction"])
+    corrected = out.get("corrected")
+    shift, width = (0.2, 0.4) if corrected else (0.0, 0.6)
+    bars.bar(where - shift, [out["raw"][m] for m in METRICS], width, label="raw")
+    if corrected:
+        bars.bar(where + shift, [corrected[m] for m in METRICS], width, label=corrected["correction"])
     bars.set(xticks=where, xticklabels=METRICS, title=f"generated vs real, k = {out['k']}")
     bars.legend(fontsize=8)
     center = real.mean(0, dtype=np.float64)
@@ -181,9 +213,11 @@ def plot(real: np.ndarray, fake: np.ndarray, out: dict[str, Any], path: Path) ->
     counts = k_occurrence(knn(x, x, out["k"], self_index=torch.arange(len(real))).index, len(real)).numpy()
     hist.hist(counts, bins=min(50, int(counts.max()) + 1))
     hubness = out["hubness"]
+    title = f"hubness: skewness {hubness['real_k_occurrence_skewness']:.2f} raw"
+    if corrected:
+        title += f", {hubness['real_k_occurrence_skewness_corrected']:.2f} {hubness['corrected_by']}"
     hist.set(xlabel=f"N_k: times a real is among the others' {out['k']} nearest", ylabel="reals", yscale="log",
-             title=f"hubness: skewness {hubness['real_k_occurrence_skewness']:.2f} raw, "
-                   f"{hubness['real_k_occurrence_skewness_corrected']:.2f} {hubness['corrected_by']}")
+             title=title)
     fig.suptitle(f"real: {out['roles']['real']}   generated: {out['roles']['generated']}", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

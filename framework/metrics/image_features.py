@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from framework.data.image_files import BadImage, file_digest, list_images, load_image
+from framework.devices import usable_cpus
 from framework.errors import InputError
 
 DEFAULT = "vit_large_patch14_dinov2.lvd142m"
@@ -214,8 +215,8 @@ class _Decoded(torch.utils.data.Dataset):
 
 
 def default_workers() -> int:
-    """Decoding processes: every core but the one running the model, at least 1, at most 8."""
-    return max(1, min(8, (os.cpu_count() or 2) - 1))
+    """Decoding processes: every CPU this process may use but the one running the model, at least 1, at most 8."""
+    return max(1, min(8, usable_cpus() - 1))
 
 
 class ImageFeatures:

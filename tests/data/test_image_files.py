@@ -81,3 +81,49 @@ def test_check_image_refuses_what_load_image_refuses_without_decoding_a_jpeg_who
             check_image(raw[:cut], name="cut")
     with pytest.raises(BadImage, match="not an image"):
         check_image(b"plain text", name="t.png")
+
+
+# ---- decoded as a viewer shows it --------------------------------------------------------------------------------
+def test_a_16_bit_ramp_and_a_float_image_are_rescaled_not_clipped(tmp_path):
+    import numpy as np
+
+    from framework.data.image_files import check_image
+
+    ramp = np.tile(np.linspace(0, 65535, 64).round().astype(np.uint16), (4, 1))
+    Image.fromarray(ramp).save(tmp_path / "deep.png")  # mode I;16, a 16-bit grey PNG
+    assert Image.open(tmp_path / "deep.png").mode.startswith("I")
+    grey = np.asarray(load_image(tmp_path / "deep.png", channels=1))
+    assert grey[0].tolist() == np.round(ramp[0] / 257).astype(int).tolist()  # not 63 of 64 columns at 255
+    rgb = np.asarray(load_image(tmp_path / "deep.png"))
+    assert rgb.shape == (4, 64, 3) and (rgb[..., 0] == grey).all()
+    unit = np.tile(np.linspace(0, 1, 32, dtype=np.float32), (3, 1))
+    Image.fromarray(unit, mode="F").save(tmp_path / "float.tif")
+    assert np.asarray(load_image(tmp_path / "float.tif", channels=1))[0].tolist() == \
+        np.round(unit[0] * 255).astype(int).tolist()  # a float TIFF in [0, 1], not all black
+    assert check_image(tmp_path / "deep.png") == check_image(tmp_path / "float.tif") == 1
+    assert check_image(_jpeg(tmp_path / "colour.jpg")) == 3
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    img = Image.new("RGB", (60, 20), (10, 20, 30))
+    img.paste((250, 0, 0), (0, 0, 10, 20))  # a red band on the stored image's left
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to show
+    img.save(tmp_path / "turned.jpg", exif=exif, quality=95)
+    shown = load_image(tmp_path / "turned.jpg")
+    assert shown.size == (20, 60)  # as a viewer shows it
+    top = shown.getpixel((10, 2))
+    assert top[0] > 200 and top[2] < 60  # the band is on top after the turn
+
+
+def test_a_symlink_loop_lists_every_image_once_naming_the_link(tmp_path, caplog):
+    import os
+
+    for label in ("cat", "dog"):
+        (tmp_path / "pets" / label).mkdir(parents=True)
+        _jpeg(tmp_path / "pets" / label / f"{label}.jpg")
+    os.symlink(tmp_path / "pets", tmp_path / "pets" / "cat" / "back")
+    with caplog.at_level("WARNING"):
+        found = list_images(tmp_path / "pets")
+    assert found == [tmp_path / "pets" / "cat" / "cat.jpg", tmp_path / "pets" / "dog" / "dog.jpg"]
+    assert "cat/back: a link to the folder" in caplog.text and "listed once" in caplog.text

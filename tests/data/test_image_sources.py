@@ -34,7 +34,7 @@ def test_a_tree_gives_labels_from_leaf_folders_in_sorted_class_order(tmp_path):
     assert src.kind == "folder" and src.classes == ["2", "7", "7/nested"] and len(src) == 13
     names = [src.name(i).split("/digits/")[1] for i in range(len(src))]
     assert [src.classes[src.label(i)] for i in range(len(src))] == [n.rsplit("/", 1)[0] for n in names]
-    assert src.image(0).mode == "RGB" and src.image(0).size == (16, 16)
+    assert src.channels == 1 and src.image(0).mode == "L" and src.image(0).size == (16, 16)  # grey digits
     again = open_images(str(root))
     assert again.identity() == src.identity()
     (root / "2" / "extra.png").write_bytes(_png_bytes(3))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import datasets  # noqa: F401 - imported before the `hub` fixture starts, as in a user's session: the patch repoints it
@@ -29,11 +30,11 @@ def digits(tmp_path_factory) -> Path:
 
 def test_the_module_states_classes_and_shape_and_holds_out_every_tenth_image(digits):
     data = ImageData(str(digits), batch_size=8, val_fraction=0.1)
-    assert data.num_classes == 3 and data.classes == ["0", "1", "2"] and data.input_shape == [3, 32, 32]
+    assert data.num_classes == 3 and data.classes == ["0", "1", "2"] and data.input_shape == [1, 32, 32]  # grey
     assert data.val_rows == list(range(0, 60, 10)) and len(data.train_rows) == 54
     data.setup()
     item = data.train_set[5]
-    assert item["x"].shape == (3, 32, 32) and item["index"] == 5 and item["y"] == data.source.label(6)
+    assert item["x"].shape == (1, 32, 32) and item["index"] == 5 and item["y"] == data.source.label(6)
     val = data.val_set[1]
     assert val["y"] == data.source.label(10) and torch.equal(val["x"], data.val_set[1]["x"])
     assert ImageData(str(digits), batch_size=8, val_fraction=0.1).fingerprint == data.fingerprint
@@ -60,22 +61,22 @@ def test_a_hub_image_dataset_by_name_validates_on_its_own_test_split(tmp_path, h
     data.setup()
     record = data.record()
     assert record["dataset"] == repo and record["sha"] == sha and record["revision"] == "main"
-    assert data.val_set[0]["x"].shape == (3, 32, 32) and data.val_set[0]["y"] == data.val_source.label(0)
+    assert data.val_set[0]["x"].shape == (1, 32, 32) and data.val_set[0]["y"] == data.val_source.label(0)
 
 
 def test_the_models_data_config_sets_size_interpolation_and_normalisation(digits):
     data = ImageData(str(digits), batch_size=8, train_transform="none")
     data.use_data_config({"input_size": (3, 24, 24), "interpolation": "bicubic", "mean": (0.5, 0.5, 0.5),
                           "std": (0.25, 0.25, 0.25), "crop_pct": 1.0, "crop_mode": "center", "num_classes": 7})
-    assert data.input_shape == [3, 24, 24]
+    assert data.input_shape == [1, 24, 24]  # the digits are grey: one channel, the mean and std averaged
     data.setup()
     x = data.val_set[0]["x"]
     pixels = np.asarray(data.val_source.image(0).resize((24, 24), Image.BICUBIC), dtype=np.float32) / 255
-    assert x.shape == (3, 24, 24)
-    assert torch.allclose(x, (torch.from_numpy(pixels).permute(2, 0, 1) - 0.5) / 0.25, atol=0.02)
+    assert x.shape == (1, 24, 24)
+    assert torch.allclose(x, (torch.from_numpy(pixels)[None] - 0.5) / 0.25, atol=0.02)
     sized = ImageData(str(digits), batch_size=8, image_size=20)
     sized.use_data_config({"input_size": (3, 224, 224)})
-    assert sized.input_shape == [3, 20, 20]  # an explicit data.image_size still sets the size
+    assert sized.input_shape == [1, 20, 20]  # an explicit data.image_size still sets the size
 
 
 def test_augmentation_is_seeded_by_seed_epoch_and_index_and_leaves_the_callers_generators_alone(digits):
@@ -145,7 +146,7 @@ def test_a_run_on_a_folder_records_what_it_read_and_skipped(digits, tmp_path, cl
     assert data["images"] == 40 and data["train_images"] == 36 and data["val_images"] == 4
     assert data["skipped"] == 1 and data["skipped_examples"] == ["notes.png: not an image (PIL cannot identify its "
                                                                  "format)"]
-    assert data["input_size"] == [3, 16, 16] and results["global_step"] == 2 * (36 // 8)
+    assert data["input_size"] == [1, 16, 16] and results["global_step"] == 2 * (36 // 8)
     state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["ImageData"]
     assert state["fingerprint"] == data["fingerprint"]
 
@@ -190,7 +191,7 @@ def test_a_timm_model_by_name_takes_its_classes_and_its_own_normalisation(digits
                f"hydra.run.dir={run}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((run / "results.json").read_text())["data"]
-    assert data["input_size"] == [3, 32, 32] and data["num_classes"] == 3
+    assert data["input_size"] == [1, 32, 32] and data["num_classes"] == 3  # grey digits: in_chans 1
     state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     assert next(v for k, v in state.items() if k.endswith("fc.weight")).shape[0] == 3
 
@@ -333,3 +334,19 @@ def test_every_rank_takes_the_same_number_of_batches_under_ddp(digits, tmp_path,
     for epoch in (0, 1):
         seen = [set(i for b in log if b["epoch"] == epoch for i in b["index"]) for log in ranks]
         assert not seen[0] & seen[1]  # disjoint shares (a stream's index: rank + world * its own count)
+
+
+def test_the_channels_come_from_the_data_and_a_class_that_loses_every_file_is_named(tmp_path, digits, caplog):
+    mixed = tmp_path / "mixed"
+    shutil.copytree(digits, mixed)
+    Image.new("RGB", (16, 16), (200, 10, 10)).save(mixed / "0" / "colour.png")
+    data = ImageData(str(mixed), batch_size=8, image_size=16)
+    assert data.input_shape == [3, 16, 16] and data.channels == 3  # one colour image: RGB for all
+    data.setup()
+    assert data.train_set[0]["x"].shape == (3, 16, 16)
+    (mixed / "junk").mkdir()
+    (mixed / "junk" / "a.png").write_text("not an image")
+    (mixed / "junk" / "b.jpg").write_bytes(b"\xff\xd8\xff")
+    with caplog.at_level("WARNING"):
+        data = ImageData(str(mixed), batch_size=8, image_size=16)
+    assert data.classes == ["0", "1", "2"] and "class junk lost every file" in caplog.text

@@ -139,9 +139,96 @@ def test_cli_prints_the_metrics_as_json(tmp_path, capsys):
     assert main([str(tmp_path / "real.npy"), str(tmp_path / "fake.npy"), "--k", "4"]) == 0
     out = json.loads(capsys.readouterr().out)
     ref = prdc(real, fake, 4)
-    assert {k: out[k] for k in KEYS} == {k: ref[k] for k in KEYS}
+    assert {k: out[k] for k in KEYS[:5]} == {k: ref[k] for k in KEYS[:5]}
     assert out["correction"] == "none" and out["n_real"] == 200 and out["dim"] == 16
     assert main([str(tmp_path / "real.npy"), str(tmp_path / "fake.npy"), "--correction", "gicdm"]) == 2
     assert "correction='gicdm_reconstructed'" in capsys.readouterr().err
     assert main([str(tmp_path / "real.npy"), str(tmp_path / "missing.npy")]) != 0
     assert "no such features file" in capsys.readouterr().err
+
+
+def _sides(tmp_path) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+    """Two tiny `.npy` feature sets for the CLI: (its two arguments, the real and the generated features)."""
+    real, fake = sets(3, 80, 60, 8)
+    np.save(tmp_path / "real.npy", real.numpy())
+    np.save(tmp_path / "fake.npy", fake.numpy())
+    return [str(tmp_path / "real.npy"), str(tmp_path / "fake.npy")], real, fake
+
+
+def _keys(tree: object) -> list[str]:
+    """Every key of a JSON value, nested ones included."""
+    if isinstance(tree, dict):
+        return [key for k, v in tree.items() for key in (k, *_keys(v))]
+    return [key for v in tree for key in _keys(v)] if isinstance(tree, list) else []
+
+
+def test_cli_with_the_correction_off_never_runs_icdm_and_prints_no_corrected_figures(tmp_path, capsys, monkeypatch):
+    """Issue 51: `--correction none` (the default) used to compute ICDM too. Now ICDM's entry point is never called
+    (patched to fail here), by the CLI or by `GICDM(correction="none")`; with the correction on, it is."""
+    import importlib
+
+    from framework.metrics import functional
+    from framework.metrics.__main__ import main
+
+    icdm_module = importlib.import_module("framework.metrics.icdm")  # the package's `icdm` is the function
+
+    argv, real, fake = _sides(tmp_path)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("ICDM ran")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(functional, "icdm", refuse)
+        patched.setattr(icdm_module, "icdm", refuse)
+        assert main([*argv, "--correction", "none", "--plot", str(tmp_path / "fig.png")]) == 0
+        out = json.loads(capsys.readouterr().out)
+        metric = GICDM(k=5)  # the metric object's "none" skips the corrected path too
+        metric.update(real, real=True)
+        metric.update(fake, real=False)
+        assert float(metric.compute()["precision"]) == pytest.approx(prdc(real, fake)["precision"], abs=1e-6)
+        with pytest.raises(AssertionError, match="ICDM ran"):  # the patch is where a correction goes through
+            main([*argv, "--correction", "icdm"])
+    capsys.readouterr()
+    raw = prdc(real, fake)
+    assert out["correction"] == "none" and out["raw"] == {m: raw[m] for m in KEYS[:4]}
+    assert not [key for key in _keys(out) if "corrected" in key or key.startswith("icdm")], out
+    assert out["hubness"] == {"real_k_occurrence_skewness": raw["hub_skew_real"]}
+    assert (tmp_path / "fig.png").stat().st_size > 1000
+    assert main([*argv, "--correction", "icdm"]) == 0
+    out, icdm = json.loads(capsys.readouterr().out), prdc(real, fake, 5, "icdm")
+    assert out["corrected"] == {"correction": "icdm", **{m: icdm[m] for m in KEYS[:4]},
+                                **{k: v for k, v in icdm.items() if k.startswith("icdm_")}}
+    assert out["raw"] == {m: raw[m] for m in KEYS[:4]} and out["precision"] == icdm["precision"]
+    assert out["hubness"]["real_k_occurrence_skewness_corrected"] == icdm["hub_skew_real_corrected"]
+
+
+def test_cli_threads_sets_torchs_thread_count_for_the_computation_and_zero_is_refused(tmp_path, capsys, monkeypatch):
+    """Issue 51: `--threads N` is torch's intra-op thread count while the metrics are computed (restored after);
+    by default the CPUs this process may use minus the decoding workers (none for `.npy` sides), at least 1."""
+    from framework.metrics import __main__ as cli
+
+    argv, _, _ = _sides(tmp_path)
+    seen: list[int] = []
+
+    def recording(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return prdc(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "prdc", recording)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert cli.main([*argv, "--threads", "1"]) == 0
+        assert seen == [1] and torch.get_num_threads() == 2
+        monkeypatch.setattr(cli, "usable_cpus", lambda: 3)
+        assert cli.main(argv) == 0
+        assert seen == [1, 3] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert cli.default_threads(workers=1) == 2 and cli.default_threads(workers=8) == 1
+    capsys.readouterr()
+    assert cli.main([*argv, "--threads", "0"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert captured.out == "" and len(lines) == 1 and lines[0].startswith("error: --threads=0: "), captured.err
+    assert ">= 1" in lines[0] and seen == [1, 3]

@@ -200,7 +200,7 @@ def run(real: Path, gen: Path, tmp: Path, n: int, rounds: int, args: argparse.Na
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "0"}
     common = [str(real), str(gen), "--feature", f"hf-hub:{REPO_ID}", "--cache-dir", str(tmp / "cli-cache")]
     figure = REPO / "runs" / "bench" / "gicdm_folders.png"
-    k5, first = cli([*common, "--plot", str(figure)], env)
+    k5, first = cli([*common, "--correction", "icdm", "--plot", str(figure)], env)
     k3, second = cli([*common, "--k", "3", "--le"], env)
     feature = k5["feature"]
     print(f"real: {real.name}/ {n} PNG files (scikit-learn digits, 128x128, a folder per class); generated: "
