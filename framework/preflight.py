@@ -12,6 +12,7 @@ and `ckpt_path=` point at something that exists.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
 import tempfile
@@ -137,9 +138,15 @@ def _check_composed(cfg: DictConfig, choices: dict[str, Any], multirun: bool) ->
     check_read(job)
     check_job_values(job)
     check_trainer(job.trainer)
-    lm, data = build_parts(job, choices)
-    if lm is not None:  # the data took the model's tokenizer
-        check_data_source(data)
+    quiet = logging.getLogger("framework.data")  # the run says what the data's build says, once, in its log too
+    before = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        lm, data = build_parts(job, choices)
+        if lm is not None:  # the data took the model's tokenizer
+            check_data_source(data)
+    finally:
+        quiet.setLevel(before)
     if job.get("init_from"):
         check_init_from(str(job.init_from))
     repo_id = OmegaConf.select(job, "hub.repo_id")

@@ -110,6 +110,15 @@ def summary(results: dict[str, Any]) -> str:
         lines.append(f"  data             {data.get('dataset')}: {data['train_images']:,} training and "
                      f"{data.get('val_images', 0):,} validation images, {data.get('classes', '?')} classes at "
                      f"{size or '?'}{skipped}")
+    elif "images_read" in data:  # data=images, streamed
+        size = "x".join(str(n) for n in data.get("input_size", [])[1:])
+        lines.append(f"  data             {data.get('dataset')}: {data['images_read']:,} training images read "
+                     f"(streamed; {data.get('repeated_images', 0):,} repeated, {data.get('skipped', 0):,} skipped), "
+                     f"{data.get('val_images', 0):,} validation images, {data.get('num_classes', '?')} classes at "
+                     f"{size or '?'}")
+    elif "rows_read" in data:  # data=text / chat, streamed
+        lines.append(f"  data             {data.get('dataset')}: {data['rows_read']:,} rows of {data.get('seq_len')} "
+                     f"tokens read (streamed; {data.get('repeated_rows', 0):,} repeated)")
     lines += [
         f"  run dir          {results['run_dir']}",
         f"  results          {results['run_dir']}/results.json",

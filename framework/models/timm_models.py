@@ -37,6 +37,8 @@ def timm_model(name: str = "resnet18", pretrained: bool = False, num_classes: in
     check_name(name)
     args = _model_args(name, num_classes, input_shape, kwargs)
     fetch = bool(pretrained) and not _building_on_meta()  # the preflight's meta build never downloads weights
+    if pretrained and not fetch:
+        check_weights(name)  # ... but it says, before the run writes anything, when they cannot be had
     try:
         model = timm.create_model(name, pretrained=fetch, **args)
     except TypeError as err:
@@ -170,6 +172,45 @@ def _check_patches(name: str, model: nn.Module, input_shape: Any) -> None:
         sizes = "x".join(map(str, size))
         raise InputError(f"model.name={name}: the data's {sizes} images do not tile into its {patch[0]}x{patch[1]} "
                          f"patches; give a patch size that divides {sizes} (e.g. +model.patch_size=2) or larger images")
+
+
+def check_weights(name: str) -> None:
+    """InputError (before anything is written) when `model.pretrained=true` cannot get timm's weights for `name`:
+    timm knows none for it, or the Hub repo that holds them is not there (naming the repo and the Hub asked) or,
+    offline, not in the cache. Weights timm reads from a URL, or a Hub id's (`check_name` read its config), pass."""
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import RepositoryNotFoundError
+    from timm.models import get_pretrained_cfg
+
+    if name.startswith(HUB_PREFIX):
+        return
+    try:
+        cfg = get_pretrained_cfg(name)
+    except RuntimeError as err:  # timm's "Invalid pretrained tag"
+        raise InputError(f"model.name={name}: {err} (model.pretrained=true needs a tag timm has weights for)") from None
+    if cfg is None or not (cfg.hf_hub_id or cfg.url or cfg.file):
+        raise InputError(f"model.pretrained=true: timm has no pretrained weights for {name}; model.pretrained=false "
+                         "trains it from scratch")
+    if not cfg.hf_hub_id:
+        return
+    repo = cfg.hf_hub_id.split("@")[0]
+    if any(isinstance(try_to_load_from_cache(repo, f), str) for f in ("model.safetensors", "pytorch_model.bin",
+                                                                        cfg.hf_hub_filename) if f):
+        return
+    fix = "model.pretrained=false trains it from scratch, or model.name=hf-hub:<a repo of weights you hold>"
+    if constants.HF_HUB_OFFLINE:
+        raise InputError(f"model.pretrained=true: timm's weights for {name} (the Hub repo {repo}) are not in the "
+                         f"cache and HF_HUB_OFFLINE=1; download them on a node with internet first, or {fix}")
+    from huggingface_hub import HfApi
+
+    try:
+        HfApi().model_info(repo)
+    except RepositoryNotFoundError:
+        raise InputError(f"model.pretrained=true: timm's weights for {name} are in the Hub repo {repo}, which the Hub "
+                         f"at {constants.ENDPOINT} does not have; {fix}") from None
+    except Exception as err:  # noqa: BLE001 - unreachable, refused: say which Hub and why, in one line
+        raise InputError(f"model.pretrained=true: the Hub at {constants.ENDPOINT} cannot be asked for timm's weights "
+                         f"for {name} (the repo {repo}: {type(err).__name__}: {str(err)[:200]}); {fix}") from None
 
 
 def _building_on_meta() -> bool:

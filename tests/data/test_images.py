@@ -146,6 +146,8 @@ def test_a_run_on_a_folder_records_what_it_read_and_skipped(digits, tmp_path, cl
     assert data["images"] == 40 and data["train_images"] == 36 and data["val_images"] == 4
     assert data["skipped"] == 1 and data["skipped_examples"] == ["notes.png: not an image (PIL cannot identify its "
                                                                  "format)"]
+    said = proc.stdout + proc.stderr
+    assert said.count("files skipped, not images") == 1, said[-3000:]  # once (not by the preflight too)
     assert data["input_size"] == [1, 16, 16] and results["global_step"] == 2 * (36 // 8)
     state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["ImageData"]
     assert state["fingerprint"] == data["fingerprint"]
@@ -311,6 +313,7 @@ def test_a_streamed_run_through_the_cli_and_a_sampler_on_it_refused(tmp_path, cl
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((run / "results.json").read_text())["data"]
     assert data["streaming"] and data["skipped"] == 1 and data["files"] == [f"train-{s}.tar" for s in range(3)]
+    assert f"data             {shards}: {data['images_read']} training images read (streamed; " in proc.stdout
     proc = cli(*args, "sampler=infobatch", f"hydra.run.dir={tmp_path / 'refused'}")
     assert proc.returncode == 2 and "data.streaming" in _error_lines(proc)[0]
     assert not (tmp_path / "refused").exists()
@@ -350,3 +353,27 @@ def test_the_channels_come_from_the_data_and_a_class_that_loses_every_file_is_na
     with caplog.at_level("WARNING"):
         data = ImageData(str(mixed), batch_size=8, image_size=16)
     assert data.classes == ["0", "1", "2"] and "class junk lost every file" in caplog.text
+
+
+def test_pretrained_weights_that_cannot_be_had_are_refused_naming_the_repo_and_the_hub(hub):
+    from framework.models.timm_models import check_weights
+
+    with pytest.raises(InputError, match=f"timm's weights for resnet10t are in the Hub repo timm/resnet10t.c3_in1k, "
+                                         f"which the Hub at {hub.url} does not have; model.pretrained=false"):
+        check_weights("resnet10t")
+    with pytest.raises(InputError, match=r"model.name=resnet10t.nope: Invalid pretrained tag \(nope\)"):
+        check_weights("resnet10t.nope")
+
+
+@pytest.mark.slow  # 15 s; make test refuses the same weights in process (above)
+def test_pretrained_weights_the_hub_lacks_are_one_error_line_exit_2_and_nothing_written(tmp_path, cli, hub, digits):
+    run = tmp_path / "run"
+    proc = cli("data=images", f"data.source={digits}", "model=timm", "model.name=resnet10t", "model.pretrained=true",
+               "module=classifier", "data.batch_size=8", "data.image_size=32", "trainer.max_steps=1", "threads=1",
+               f"hydra.run.dir={run}", env={"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0",
+                                            "HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = _error_lines(proc)
+    assert line.startswith("error: model 'timm': model.pretrained=true: timm's weights for resnet10t are in the Hub "
+                           f"repo timm/resnet10t.c3_in1k, which the Hub at {hub.url} does not have"), line
+    assert "Traceback" not in proc.stderr and not run.exists()
