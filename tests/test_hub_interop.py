@@ -125,6 +125,80 @@ def test_push_to_hub_takes_a_bare_timm_vit_and_timm_loads_it(hub):
     assert load_config("local-user/vit-ours")["pretrained_cfg"]["first_conv"] == "patch_embed.proj"
 
 
+#: what timm's default pretrained_cfg says of the ImageNet checkpoint, which a push of the user's weights must not
+SOURCE_FACTS = ("tag", "hf_hub_id", "hf_hub_filename", "url", "file", "source", "license", "origin_url", "paper_ids",
+                "paper_name", "notes", "description", "test_input_size", "test_crop_pct", "test_pool_size")
+CLASSES = ["cat", "dog", "fox"]
+
+
+def images_run(root: Path) -> tuple[Path, nn.Module]:
+    """A finished `model=timm model.name=resnet10t data=images` run dir on a 3-class folder at 32x32, as
+    `framework.train` leaves it (model_config.json, results.json with the data's record, checkpoints/last.ckpt)."""
+    from framework.models.timm_models import timm_model
+
+    torch.manual_seed(0)
+    model = timm_model("resnet10t", num_classes=3, input_shape=[3, 32, 32]).eval()
+    (root / "checkpoints").mkdir(parents=True)
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}},
+               root / "checkpoints" / "last.ckpt")
+    (root / "model_config.json").write_text(json.dumps({"name": "timm", "config": model.init_config}))
+    record = {"dataset": "my_images/", "format": "folder", "num_classes": 3, "class_names": CLASSES,
+              "input_size": [3, 32, 32]}
+    (root / "results.json").write_text(json.dumps({
+        "command": "python -m framework.train model=timm model.name=resnet10t data=images data.source=my_images/",
+        "choices": {"model": "timm", "data": "images", "module": "classifier"}, "metrics": {"val/acc": 0.5},
+        "global_step": 2, "data": record}))
+    return root, model
+
+
+def test_a_timm_run_on_the_users_images_pushes_a_config_of_its_own_weights_not_imagenets(hub, tmp_path):
+    run, ours = images_run(tmp_path / "run")
+    push_to_hub(run, "local-user/my-classifier")
+    text = Path(hf_hub_download("local-user/my-classifier", "config.json")).read_text()
+    config = json.loads(text)
+    cfg = config["pretrained_cfg"]
+    assert not set(SOURCE_FACTS) & (set(cfg) | set(config)), config
+    assert "in1k" not in text and "apache-2.0" not in text and "http" not in text
+    assert config["architecture"] == "resnet10t" and config["num_classes"] == cfg["num_classes"] == 3
+    assert config["label_names"] == CLASSES and config["model_args"]["in_chans"] == 3
+    assert cfg["input_size"] == [3, 32, 32] and cfg["interpolation"] == "bicubic" and cfg["crop_pct"] == 0.875
+    assert cfg["mean"] and cfg["std"] and cfg["crop_mode"] == "center" and cfg["first_conv"] == "conv1.0"
+    theirs = timm.create_model("hf-hub:local-user/my-classifier", pretrained=True).eval()
+    loaded = from_pretrained("local-user/my-classifier")
+    x = IMAGES
+    with torch.no_grad():
+        assert torch.equal(theirs(x), ours(x)) and torch.equal(loaded(x), ours(x))
+    for model in (theirs, loaded):
+        assert model.pretrained_cfg["label_names"] == CLASSES and model.pretrained_cfg["num_classes"] == 3
+        assert not model.pretrained_cfg.get("license") and not model.pretrained_cfg.get("tag")
+    readme = Path(hf_hub_download("local-user/my-classifier", "README.md")).read_text()
+    meta = readme.split("\n---\n", 1)[0]
+    assert "library_name: timm" in meta and "license" not in meta and "imagenet" not in readme.lower()
+    assert "in1k" not in readme
+
+
+class ImageFolderData(L.LightningDataModule):
+    """A user's image data as `data=images` states it: its `classes`, one per output."""
+
+    classes = ["ant", "bee", "cow", "dog", "elk"]
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(IMAGES, torch.tensor([0, 3])), batch_size=2)
+
+
+def test_a_fit_on_the_users_classes_pushes_them_as_label_names_and_no_imagenet_facts(hub, tmp_path):
+    module, callback = LitTimm(), HubPush("local-user/timm-labels")
+    L.Trainer(max_steps=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+              enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+              default_root_dir=tmp_path).fit(module, datamodule=ImageFolderData())
+    assert len(callback.pushes) == 1 and not callback.failures
+    config = load_config("local-user/timm-labels")
+    assert config["label_names"] == ImageFolderData.classes and config["num_classes"] == 5
+    assert not set(SOURCE_FACTS) & (set(config["pretrained_cfg"]) | set(config)), config
+    theirs = timm.create_model("hf-hub:local-user/timm-labels", pretrained=True)
+    assert theirs.pretrained_cfg["label_names"] == ImageFolderData.classes
+
+
 # ---- timm's own push → from_pretrained / pull -------------------------------------------------------------------
 def test_what_timm_pushes_loads_through_from_pretrained_load_config_and_pull(hub):
     from timm.models import push_to_hf_hub

@@ -25,7 +25,8 @@ class HubPush(L.Callback):
 
     `every_n_validations=N` also pushes after every N-th validation during fit; `push_at_end=False` leaves the
     final push to the caller (`framework.train` pushes the finished run dir itself). `info` adds card details
-    (`recipe`, `command`, `datasets`, `task`, `model_name`); `model_attr` and `model_config` push a sub-model in the
+    (`recipe`, `command`, `datasets`, `task`, `model_name`, a timm model's `label_names`: by default the data module's
+    `classes`); `model_attr` and `model_config` push a sub-model in the
     plain format with the constructor values given (for a module that receives its net already built). `pushes`
     and `failures` record what happened.
     """

@@ -2,7 +2,10 @@
 
 - framework: `{"name": <registry name>, "config": {...}}`, rebuilt through the model catalog (or `build=`);
 - timm: `{"architecture": <timm model name>, "num_classes", "model_args", "pretrained_cfg", ...}` as
-  `timm.models.push_to_hf_hub` writes it, rebuilt by `timm.create_model(architecture, pretrained=False, ...)`;
+  `timm.models.push_to_hf_hub` writes it, rebuilt by `timm.create_model(architecture, pretrained=False, ...)`; a push
+  describes the weights it publishes, so the facts of the checkpoint timm's default config names (ImageNet's tag, Hub
+  id, licence, paper, label names, test-time sizes: `TIMM_SOURCE_KEYS`) are left out and the data's class names go in
+  `label_names`;
 - plain: `{"format": "plain", "name": <the class's __name__, a label>, "config": <saved hyperparameters>}`, rebuilt
   by the user's own class (`model_cls=`), as the model card's snippet shows;
 - transformers: the config `save_pretrained` writes (`model_type`, `architectures`, ...), beside the weights and
@@ -28,6 +31,12 @@ FRAMEWORK, TIMM, PLAIN, TRANSFORMERS = "framework", "timm", "plain", "transforme
 FRAMEWORK_CONFIG_NAME = "framework.json"
 #: pretrained_cfg keys that name a module *inside* the model (`patch_embed.proj`): attribute paths, never imported
 TIMM_INFO_KEY = "pretrained_cfg"
+#: pretrained_cfg keys that describe the checkpoint a timm architecture's default config names (where its weights
+#: live, their tag, licence, paper, the classes and test-time sizes they were evaluated with), not the weights a push
+#: publishes; kept: what rebuilds and preprocesses the model (input size, interpolation, mean, std, crop, num_classes)
+TIMM_SOURCE_KEYS = ("url", "file", "hf_hub_id", "hf_hub_filename", "source", "tag", "license", "description",
+                    "origin_url", "paper_name", "paper_ids", "notes", "label_names", "label_descriptions",
+                    "label_offset", "test_input_size", "test_crop_pct", "test_pool_size")
 
 
 class ModelSpec(NamedTuple):
@@ -80,6 +89,14 @@ def check_timm_config(config: dict[str, Any]) -> None:
             raise UnsafeConfigError(f"config.json {key!r} must be an object, got {config[key]!r}")
 
 
+def timm_pretrained_cfg(config: dict[str, Any]) -> dict[str, Any]:
+    """A timm config.json's `pretrained_cfg` with its top-level `num_classes`, `label_names` and `label_descriptions`
+    in it, as `timm.create_model("hf-hub:...")` reads them."""
+    cfg = dict(config.get(TIMM_INFO_KEY) or {})
+    cfg.update({k: config[k] for k in ("num_classes", "label_names", "label_descriptions") if k in config})
+    return cfg
+
+
 def timm_model(name: str, values: dict[str, Any], pretrained_cfg: dict[str, Any] | None = None) -> nn.Module:
     """`timm.create_model(name, pretrained=False, **values)` with the repo's pretrained_cfg (input size, mean, std)."""
     import timm
@@ -101,17 +118,31 @@ def timm_architecture(model: nn.Module) -> str | None:
     return arch if timm.is_model(arch) else None
 
 
-def timm_config(model: nn.Module) -> dict[str, Any]:
-    """The config.json timm's own `save_for_hf` / `push_to_hf_hub` writes for `model`; a `model=timm` model's
-    `pretrained_cfg` states the input size it was trained at (its `init_config`'s `input_shape`, from the data)."""
+def timm_config(model: nn.Module, label_names: Any = None) -> dict[str, Any]:
+    """The config.json timm's own `save_for_hf` / `push_to_hf_hub` writes for `model`, describing `model`'s weights:
+    a `model=timm` model's `pretrained_cfg` states the input size it was trained at (its `init_config`'s
+    `input_shape`, from the data); the source checkpoint's facts (`TIMM_SOURCE_KEYS`) are left out, and
+    `label_names` (the data's class names, one per output) go in when they fit `num_classes`."""
     from timm.models._hub import save_config_for_hf
 
     shape = (getattr(model, "init_config", None) or {}).get("input_shape")
     data_config = {"input_size": tuple(shape)} if shape else None
+    labels = fitting_labels(label_names, getattr(model, "num_classes", None))
     with tempfile.TemporaryDirectory(prefix="framework-timm-") as tmp:
         path = Path(tmp) / "config.json"
-        save_config_for_hf(model, str(path), data_config=data_config)
-        return json.loads(path.read_text())
+        save_config_for_hf(model, str(path), model_config={"label_names": labels} if labels else None,
+                           data_config=data_config)
+        config = json.loads(path.read_text())
+    config[TIMM_INFO_KEY] = {k: v for k, v in config.get(TIMM_INFO_KEY, {}).items() if k not in TIMM_SOURCE_KEYS}
+    return config
+
+
+def fitting_labels(names: Any, num_classes: Any) -> list[str] | None:
+    """`names` as a list when it names each of `num_classes` outputs with a string (None otherwise: a truncated or
+    missing list says nothing about the classifier)."""
+    if not isinstance(names, (list, tuple)) or not names or len(names) != num_classes:
+        return None
+    return list(names) if all(isinstance(n, str) for n in names) else None
 
 
 def saved_hparams(module: nn.Module) -> dict[str, Any] | None:
@@ -132,6 +163,6 @@ def saved_hparams(module: nn.Module) -> dict[str, Any] | None:
 
 __all__ = [
     "FRAMEWORK", "FRAMEWORK_CONFIG_NAME", "ModelSpec", "PLAIN", "TIMM", "TRANSFORMERS", "TIMM_INFO_KEY",
-    "check_timm_config", "config_format", "model_spec",
-    "saved_hparams", "timm_architecture", "timm_config", "timm_model",
+    "TIMM_SOURCE_KEYS", "check_timm_config", "config_format", "fitting_labels", "model_spec", "saved_hparams",
+    "timm_architecture", "timm_config", "timm_model", "timm_pretrained_cfg",
 ]

@@ -34,6 +34,7 @@ from framework.hub.formats import (
     config_format,
     model_spec,
     timm_model,
+    timm_pretrained_cfg,
 )
 from framework.rundir import Build, RunDir, load_state, resolve_source
 
@@ -110,7 +111,7 @@ def build_model(config: dict[str, Any], build: Build | None = None,
     if model_cls is not None:
         return model_cls(**spec.values)
     if build is None and spec.format == TIMM:
-        return timm_model(spec.name, spec.values, config.get(TIMM_INFO_KEY))
+        return timm_model(spec.name, spec.values, timm_pretrained_cfg(config))  # as timm's hf-hub: reads it
     if build is None and spec.format == PLAIN:
         raise UnsafeConfigError(
             f"config.json holds the saved hyperparameters of a plain module {spec.name!r}, which is in no registry:"

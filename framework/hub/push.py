@@ -85,7 +85,9 @@ def push_to_hub(run_dir_or_module: str | Path | nn.Module, repo_id: str, revisio
     A module pushes its framework model (`info["model_name"]` or the catalog names it), its timm model (in timm's
     own format: `timm.create_model("hf-hub:...")` loads it) or, with saved hyperparameters, itself (a plain config
     the card's snippet rebuilds); anything else is refused (NotPushableError). `info` adds card details: `recipe`,
-    `command`, `datasets`, `task`. A run dir's model is rebuilt by `build(name, config)` (default: the catalog's).
+    `command`, `datasets`, `task`, and a timm model's `label_names` (default: the fit's data's `classes`; a run dir's:
+    the `class_names` its results.json records). A run dir's model is rebuilt by `build(name, config)` (default: the
+    catalog's).
     Everything is staged in a temporary folder first; Hub failures raise HubPushError (with the retry command for
     run dirs).
     """
@@ -134,7 +136,9 @@ def _bundle_from_run_dir(run: RunDir, build: Build | None) -> _Bundle:
     choices = results.get("choices") or {}
     fmt = FRAMEWORK
     if timm_architecture(model):  # `model=timm`: timm's own format, so timm.create_model("hf-hub:...") opens it
-        fmt, config = TIMM, validate_config({**timm_config(model), **{k: config[k] for k in _RUN_KEYS if k in config}})
+        labels = (results.get("data") or {}).get("class_names")  # data=images: in full up to 20 classes
+        fmt, config = TIMM, validate_config({**timm_config(model, labels),
+                                             **{k: config[k] for k in _RUN_KEYS if k in config}})
     return _Bundle(
         model, config, {k: float(v) for k, v in (results.get("metrics") or {}).items()},
         [choices["data"]] if choices.get("data") else [], choices.get("module"), results.get("global_step"),
@@ -159,10 +163,13 @@ def method_artefacts(root: Path) -> list[tuple[str, Path]]:
 
 
 def _bundle_from_module(module: nn.Module, info: dict[str, Any]) -> _Bundle:
+    trainer = getattr(module, "_trainer", None)
+    classes = getattr(getattr(trainer, "datamodule", None), "classes", None)  # data=images: the user's class names
+    if isinstance(classes, (list, tuple)) and "label_names" not in info:
+        info = {**info, "label_names": list(classes)}
     what = pushable(module, info)  # NotPushableError (a ValueError) names the class and what would make it pushable
     bundle = _Bundle(what.model, what.config, datasets=list(info.get("datasets") or []), task=info.get("task"),
                      format=what.format)
-    trainer = getattr(module, "_trainer", None)
     if trainer is not None:
         from lightning.pytorch.loggers import CSVLogger
 

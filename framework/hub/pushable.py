@@ -54,7 +54,7 @@ def pushable(module: nn.Module, info: dict[str, Any] | None = None) -> Pushable:
         if fmt in (FRAMEWORK, TRANSFORMERS):  # a transformers model's goes to framework.json
             config = {"name": _framework_name(model, info), "config": dict(model.init_config), **extra}
         elif fmt == TIMM:
-            config = {**timm_config(model), **extra}
+            config = {**timm_config(model, info.get("label_names")), **extra}  # the data's class names
         else:
             config = {"format": PLAIN, "name": what, "config": saved_hparams(module), **extra}
         return Pushable(fmt, model, validate_config(config))
