@@ -110,10 +110,10 @@ def test_the_your_own_images_section_runs_as_printed(tmp_path, hub, small, monke
         outputs.append(_results(cwd, before) if argv[1:3] == ["-m", "framework.train"] else out)
     trained, opened, tuned, scored = outputs
     assert trained["data"]["dataset"] == "my_images/" and trained["data"]["classes"] == 10
-    assert trained["data"]["images"] == 150 and trained["data"]["input_size"] == [3, 64, 64]
+    assert trained["data"]["images"] == 150 and trained["data"]["input_size"] == [1, 64, 64]  # grey: one channel
     pushed = hub.api.list_repo_files("local-user/my-classifier")
     assert {"config.json", "model.safetensors"} <= set(pushed), pushed
-    assert opened.split()[-4:] == ["10", "(3,", "64,", "64)"], opened  # timm's own loader: 10 classes, 64x64
+    assert opened.split()[-4:] == ["10", "(1,", "64,", "64)"], opened  # timm's own loader: 10 classes, 64x64
     assert tuned["data"]["dataset"] == "local-user/my-images" and tuned["data"]["validation"] == "test"
     assert tuned["data"]["sha"] == hub.api.dataset_info("local-user/my-images").sha
     assert (tuned["data"]["train_images"], tuned["data"]["val_images"]) == (100, 20)

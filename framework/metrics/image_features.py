@@ -179,6 +179,16 @@ class _ReadFile:
         return load_image(self.paths[i])
 
 
+class _Grey:
+    """A one-channel model's transform: the image made grey first (a class, so DataLoader workers can take it)."""
+
+    def __init__(self, transform: Callable):
+        self.transform = transform
+
+    def __call__(self, image: Any) -> Any:
+        return self.transform(image.convert("L"))
+
+
 def folder_images(root: str | os.PathLike) -> ImageSet:
     """Every image under `root` (recursive, sorted), fingerprinted by the files' content digests in that order."""
     paths = list_images(root)
@@ -244,6 +254,8 @@ class ImageFeatures:
                                           pretrained_cfg_overlay={"hf_hub_id": pinned})
             cfg = timm.data.resolve_model_data_config(model)
             transform = timm.data.create_transform(**cfg, is_training=False)
+            if cfg["input_size"][0] == 1:  # a model trained on grey images (data=images gives it one channel)
+                transform = _Grey(transform)
             self._built = (model.eval().to(self.device), transform, tuple(cfg["input_size"]))
         return self._built
 
