@@ -284,8 +284,12 @@ class GracefulInterrupt(L.Callback):
                              batch_idx: int) -> None:
         """Stop before the next step: the previous one is complete, its logging, validation and checkpoints
         included, so the resumed run continues exactly where an uninterrupted one would be."""
-        if not self._stop_next:
-            return
+        if self._stop_next:
+            self.stop_now(trainer)
+
+    def stop_now(self, trainer: L.Trainer) -> NoReturn:
+        """Stop here as a stop request does (called between steps, on every rank: the data's own stop, a bad line
+        under data.strict=true): save the checkpoint, say how to resume, raise `StopRequested`."""
         cb = trainer.checkpoint_callback
         folder = Path(cb.dirpath) if cb is not None and getattr(cb, "dirpath", None) else Path(
             trainer.default_root_dir) / "checkpoints"

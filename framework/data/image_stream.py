@@ -23,8 +23,7 @@ from typing import Any
 import torch
 
 from framework.data.image_files import BadImage, load_image
-from framework.data.stream_state import ResumableStream, share_strategy
-from framework.data.streaming import shard_order_epoch
+from framework.data.stream_state import ResumableStream, shard_order_epoch, share_strategy
 from framework.errors import InputError
 
 log = logging.getLogger(__name__)

@@ -18,12 +18,12 @@ import logging
 import os
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from framework.data import file_ids, text_files
+from framework.data import file_ids, json_lines, text_files
 from framework.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -83,10 +83,14 @@ class Source:
         shown = names if len(names) <= 10 else [*names[:10], f"... ({len(names)} files)"]
         return {"dataset": self.spec, "files": shown, "bytes": sum(size for _, size, _ in self.stats)}
 
-    def load(self, split: str) -> Any:
+    def load(self, split: str, bad_lines: str | None = None) -> Any:
         """The `split` as a streamed `datasets.IterableDataset` (rows are read as they are consumed). Text files
-        are read by `text_files` (bounded memory), one shard per file."""
+        are read by `text_files` (bounded memory), one shard per file. `bad_lines` ("skip" or "raise"): local JSON
+        Lines read line by line (`json_lines`), a bad line a row that says so, or `BadRow`."""
         datasets = datasets_module()
+        if bad_lines and not self.repo_id and json_lines.readable(self.files.get(split, [])):
+            return datasets.IterableDataset.from_generator(
+                json_lines.rows, gen_kwargs={"files": self.files[split], "strict": bad_lines == "raise"})
         if self.repo_id:
             return datasets.load_dataset(self.repo_id, self.config, revision=self.sha, split=split, streaming=True)
         if self.builder == "text":
@@ -214,16 +218,17 @@ def field(row: dict[str, Any], column: str) -> tuple[bool, Any]:
     return True, value
 
 
-def check(source: Source, column: str, splits: list[str]) -> list[str]:
+def check(source: Source, column: str, splits: list[str], bad_lines: str | None = None) -> list[str]:
     """Refuse, before anything is written, a source that cannot give text: bytes that are not UTF-8 (file, line,
-    offset), a split with no rows, a column that is not there (naming those there). Returns the columns."""
+    offset), a split with no rows, a column that is not there (naming those there). Returns the columns.
+    `bad_lines`: read as a stream reads it (`Source.load`)."""
     for path, _, _ in source.stats:
         if source.builder in _TEXT_BYTES:
             check_utf8(path, source.spec)
     columns: list[str] = []
     for split in splits:
         try:
-            first = next(iter(source.load(split)), None)
+            first = next((r for r in source.load(split, bad_lines) if json_lines.BAD not in r), None)
         except ValueError as err:  # pyarrow's and json's parse errors, the builders' own
             raise unreadable(source, split, err) from None
         if first is None:
@@ -240,30 +245,12 @@ def check(source: Source, column: str, splits: list[str]) -> list[str]:
 def unreadable(source: Source, split: str, err: BaseException) -> InputError:
     """The refusal of a split a builder could not parse: a JSON Lines file's bad line by file and line number."""
     if source.builder == "json" and not source.repo_id:
-        bad = bad_json_line(source.files.get(split, []))
+        bad = json_lines.bad_json_line(source.files.get(split, []))
         if bad is not None:
             path, number, why, text = bad
             return InputError(f"data.source={source.spec}: {path} line {number} is not a JSON object ({why}): "
                               f"{text[:80]!r}; fix or remove that line")
     return InputError(f"data.source={source.spec}: the {split} split cannot be read ({_short(err)})")
-
-
-def bad_json_line(files: list[str]) -> tuple[str, int, str, str] | None:
-    """The first line of JSON Lines `files` that is not a JSON object: (file, line number, why, the line)."""
-    for path in files:
-        if text_files.inner_suffix(path) != ".jsonl":
-            continue
-        with text_files.open_text(path) as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    value = json.loads(line)
-                except ValueError as err:
-                    return path, number, str(err), line.strip()
-                if not isinstance(value, dict):
-                    return path, number, f"a {type(value).__name__}", line.strip()
-    return None
 
 
 def check_utf8(path: str, spec: str | None = None, chunk: int = 1 << 20) -> None:
@@ -290,11 +277,11 @@ def check_utf8(path: str, spec: str | None = None, chunk: int = 1 << 20) -> None
             offset += len(block)
 
 
-def read_texts(source: Source, split: str, column: str, batch_size: int = 1000, rows: Any = None
-               ) -> Iterator[list[str]]:
+def read_texts(source: Source, split: str, column: str, batch_size: int = 1000, rows: Any = None,
+               on_bad: Callable[[str], None] | None = None) -> Iterator[list[str]]:
     """The `column` of `split`, in order, a batch of strings at a time (null values skipped). `rows`: the split
-    already opened (a rank's share at a position, `framework.data.streaming`), iterated as it is. Text files are
-    read by `text_files` directly (no `datasets` in between)."""
+    already opened (a rank's share at a position, `framework.data.streaming`), iterated as it is; its bad lines
+    (`json_lines.BAD`) are skipped and told to `on_bad`. Text files are read by `text_files` directly."""
     if rows is None and source.builder == "text":
         yield from text_files.batches(source.files[split], source.sample_by, batch_size)
         return
@@ -304,6 +291,9 @@ def read_texts(source: Source, split: str, column: str, batch_size: int = 1000, 
         batch_size = min(batch_size, text_files.READ_BATCH[source.sample_by])
     try:
         for batch in rows.iter(batch_size=batch_size):
+            for bad in batch.pop(json_lines.BAD, None) or ():
+                if bad and on_bad is not None:
+                    on_bad(bad)
             texts = batch[column] if column in batch else [field(r, column)[1] for r in _rows_of(batch)]
             wrong = next((t for t in texts if t is not None and not isinstance(t, str)), None)
             if wrong is not None:
@@ -345,5 +335,5 @@ def remember(root: Path, key: str, summary: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["FORMATS", "Source", "VAL_SPLITS", "bad_json_line", "check", "check_utf8", "datasets_module", "field",
+__all__ = ["FORMATS", "Source", "VAL_SPLITS", "check", "check_utf8", "datasets_module", "field",
            "read_texts", "remember", "remembered", "resolve", "splits_of", "unreadable"]

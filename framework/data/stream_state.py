@@ -3,9 +3,19 @@ the rank and world size, the epoch, equal steps on every rank, and the per-rank 
 
 from __future__ import annotations
 
+import logging
+import sys
 from typing import Any
 
 from framework.errors import InputError
+
+log = logging.getLogger(__name__)
+
+def shard_order_epoch(seed: int | None, epoch: int) -> int:
+    """The `datasets` epoch whose file order this (seed, epoch) reads: `set_epoch(e)` shuffles the files by
+    `default_rng(e)` (e=0 keeps them in order), identically on every rank."""
+    return 1 + (seed or 0) * 1_000_003 + epoch
+
 
 #: whole files go to ranks only when the ranks' bytes then differ by at most this ratio
 EVEN_SHARES = 1.1
@@ -60,6 +70,32 @@ class ResumableStream:
             return bool(self.trainer.strategy.reduce_boolean_decision(decision, all=False))
         return decision
 
+    def _vote(self, fresh: bool, failed: bool) -> tuple[bool, bool]:
+        """(any rank fresh, any rank failed), the same on every rank: one all-reduce of two numbers per step."""
+        if self.world <= 1:
+            return fresh, failed
+        import torch
+
+        mine = torch.tensor([int(fresh), int(failed)], device=self.trainer.strategy.root_device)
+        both = self.trainer.strategy.reduce(mine, reduce_op="max")
+        return bool(both[0]), bool(both[1])
+
+    def _stop_on(self, bad: InputError | None) -> None:
+        """A bad line under data.strict=true: said in the log (by the rank that read it), then the run's
+        interruption: a checkpoint of the last step, the resume command, the interruption's exit code."""
+        from framework.callbacks.safety import GracefulInterrupt
+
+        why = (f"{bad}; fix or remove the line, then resume with the command below and data.allow_changed=true (the "
+               "file changed)") if bad is not None else "another rank read a bad line (data.strict=true): see its log"
+        if bad is not None:
+            log.error("%s", why)
+            print(f"error: {why}", file=sys.stderr, flush=True)
+        trainer = self.trainer
+        stopper = next((c for c in getattr(trainer, "callbacks", None) or () if isinstance(c, GracefulInterrupt)), None)
+        if stopper is None:
+            raise bad or InputError(why)
+        stopper.stop_now(trainer)
+
     def _consumed(self) -> int:
         """Batches of this epoch the run has trained on (Lightning has fetched one more than that)."""
         if self.trainer is None:
@@ -94,4 +130,4 @@ class ResumableStream:
         self.totals = dict(self._resume.get("totals", self.totals)) if self._resume else self.totals
 
 
-__all__ = ["EVEN_SHARES", "ResumableStream", "share_strategy"]
+__all__ = ["EVEN_SHARES", "ResumableStream", "shard_order_epoch", "share_strategy"]

@@ -23,20 +23,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from framework.data.json_lines import BadRow
 from framework.data.packing import IGNORE, PackedRows, tail_start
-from framework.data.stream_state import ResumableStream, share_strategy
+from framework.data.stream_state import ResumableStream, shard_order_epoch, share_strategy
 from framework.errors import InputError
 
 log = logging.getLogger(__name__)
 
 #: a read batch's documents: token ids, or (ids, labels with -100 where no loss is taken)
 Documents = list[Any]
-
-
-def shard_order_epoch(seed: int | None, epoch: int) -> int:
-    """The `datasets` epoch whose file order this (seed, epoch) reads: `set_epoch(e)` shuffles the files by
-    `default_rng(e)` (e=0 keeps them in order), identically on every rank."""
-    return 1 + (seed or 0) * 1_000_003 + epoch
 
 
 def held_out(ids: np.ndarray, fraction: float) -> bool:
@@ -197,12 +192,24 @@ class StreamLoader(ResumableStream):
 
     def _batches(self, epoch: int, batches: int) -> Iterator[dict[str, torch.Tensor]]:
         s = self.stream
-        if batches == 0 and self._any(not s.has_fresh()):  # every rank raises together, none waits for another
+        if batches == 0 and self._any(not self._fresh()[0]):  # every rank raises together, none waits for another
             raise InputError(f"data.streaming: a rank's share of the training split is empty ({self.world} ranks: "
                              "a source with fewer rows or files than ranks?); add data or use fewer devices")
-        while self._any(s.has_fresh()):
+        while True:
             first, repeated = s.rows, s.repeated
-            rows = [s.next_row() for _ in range(self.batch_size)]
+            fresh, bad = self._fresh()
+            rows = None
+            if fresh and bad is None:
+                try:
+                    rows = [s.next_row() for _ in range(self.batch_size)]
+                except BadRow as err:
+                    bad = err
+            any_fresh, any_bad = self._vote(fresh, bad is not None)  # one collective a step, as before
+            if any_bad:  # data.strict=true and a bad line on some rank: stop as an interruption, every rank
+                self._stop_on(bad)
+            if not any_fresh:
+                break
+            rows = rows or [s.next_row() for _ in range(self.batch_size)]  # a share that ended: its rows again
             batch = collate(rows, s.seq_len, s.packing, self.pad_id, self.rank + self.world * first, self.world)
             self.totals = {"rows": self.totals["rows"] + len(rows),
                            "repeated": self.totals["repeated"] + s.repeated - repeated}
@@ -215,6 +222,12 @@ class StreamLoader(ResumableStream):
                  "read again while a longer share was still being read)", epoch, self.rank, batches, s.rows,
                  s.repeated)
 
+    def _fresh(self) -> tuple[bool, BadRow | None]:
+        """Whether this rank's share has rows not yet trained on this epoch, or the bad line reading them met."""
+        try:
+            return self.stream.has_fresh(), None
+        except BadRow as err:
+            return False, err
 
 # ---- the `text` / `chat` DataModule's streamed side (`data.streaming=true`) --------------------------------------
 #: validation rows read from the stream's start (the source's validation split, else its held-out documents)
@@ -226,7 +239,7 @@ def open_split(data: Any, split: str, rank: int = 0, world: int = 1, shuffle: bo
     (seed, epoch) order."""
     from datasets.distributed import split_dataset_by_node
 
-    base = data.source.load(split)
+    base = data.source.load(split, getattr(data, "stream_bad_lines", lambda: None)())
     strategy = share_strategy(data.source, split, world)
 
     def open_rows(epoch: int) -> Any:
@@ -323,7 +336,8 @@ def record(data: Any) -> dict[str, Any]:
     out = {**data.source.describe(), "fingerprint": data.fingerprint, "format": data.source.format,
            "column": data.column, "seq_len": data.seq_len, "packing": data.packing, "streaming": True,
            "rows_read": sum(r.get("rows", 0) for r in ranks), "repeated_rows": sum(r.get("repeated", 0) for r in ranks),
-           "val_rows": len(data.val_set or ()),
+           "val_rows": len(data.val_set or ()), "bad_lines": getattr(data, "bad_lines", 0),
+           **({"bad_line_examples": data.bad_examples} if getattr(data, "bad_lines", 0) else {}),
            "validation": data.val_split or (f"held out: the last {data.val_fraction:g} of each document's tokens "
                                              "(the split's documents, by content hash, left a side empty)"
                                              if getattr(data, "tails", False) else

@@ -75,6 +75,10 @@ class ChatData(TextData):
                          batch_size=batch_size, seed=seed, num_workers=num_workers, cache_dir=cache_dir,
                          streaming=streaming, config=config, allow_changed=allow_changed)
 
+    def stream_bad_lines(self) -> str | None:
+        """A chat stream reads JSON Lines through `datasets`' builder (a bad line stops it, refused by name)."""
+        return None
+
     # ---- the tokenizer --------------------------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:

@@ -78,6 +78,7 @@ class TextData(SplitData):
         sample_by: str = "document",
         config: str | None = None,
         allow_changed: bool = False,
+        strict: bool = False,
     ):
         super().__init__()
         for key, value in (("seq_len", seq_len), ("batch_size", batch_size)):
@@ -91,6 +92,9 @@ class TextData(SplitData):
         self.val_fraction, self.seed, self.num_workers = val_fraction, 0 if seed is None else int(seed), num_workers
         self.streaming = bool(streaming)  # read the training split as a stream (framework.data.streaming)
         self.allow_changed = bool(allow_changed)  # resume on data that changed since the checkpoint
+        self.strict = bool(strict)  # streamed: a bad JSON line stops the run (else it is skipped and counted)
+        # streamed: the distinct bad lines skipped so far (this process; a share read again repeats none), the first
+        self.bad_lines, self.bad_examples, self._bad_seen = 0, [], set()
         if not source:
             raise InputError("data.source= is required: a file, a folder, a glob such as 'corpus/*.jsonl', or a Hub "
                              "dataset id 'owner/name' (with data.revision= to pin it)")
@@ -117,7 +121,8 @@ class TextData(SplitData):
             raise InputError(f"data.val_split={val_split!r} is not a split of {self.source.spec}; its splits: "
                              f"{', '.join(names)} (or null: its own validation split, else data.val_fraction)")
         chosen = val_split or next((s for s in sources.VAL_SPLITS if s in names and s != split), None)
-        sources.check(self.source, self.column, [split] + ([chosen] if chosen else []))
+        sources.check(self.source, self.column, [split] + ([chosen] if chosen else []),
+                      self.stream_bad_lines() if self.streaming else None)
         sources.remember(self.root, key, {"val_split": chosen})
         return chosen
 
@@ -238,14 +243,37 @@ class TextData(SplitData):
 
     def document_batches(self, rows: Any = None, split: str | None = None) -> Iterator[list[np.ndarray]]:
         """The documents of `split` (or of `rows`, a split already opened: `framework.data.streaming`), a list per
-        read batch: each text's UTF-8 bytes, or the tokenizer's ids and its EOS."""
-        for texts in sources.read_texts(self.source, split or self.split, self.column, rows=rows):
+        read batch: each text's UTF-8 bytes, or the tokenizer's ids and its EOS. Streamed, the split is read as
+        the stream reads it (`stream_bad_lines`)."""
+        mode = self.stream_bad_lines() if self.streaming else None
+        if rows is None and mode and sources.json_lines.readable(self.source.files.get(split or self.split, [])):
+            rows = self.source.load(split or self.split, mode)
+        for texts in sources.read_texts(self.source, split or self.split, self.column, rows=rows,
+                                        on_bad=self._bad_line):
             if self.tokenizer is None:
                 yield [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
                 continue
             eos = [] if self.eos_id is None else [self.eos_id]
             yield [np.asarray(ids + eos, dtype=np.int64)
                    for ids in encode(self.tokenizer, texts)]
+
+    def stream_bad_lines(self) -> str | None:
+        """How a stream reads local JSON Lines: line by line, a bad line skipped ("skip") or stopping the run
+        ("raise", `strict`)."""
+        return "raise" if self.strict else "skip"
+
+    def _bad_line(self, where: str) -> None:
+        """A streamed bad line, skipped: counted once, the first few said in the log."""
+        key = where.split(":", 1)[0]  # "file line N"
+        if key in self._bad_seen:
+            return
+        self._bad_seen.add(key)
+        self.bad_lines += 1
+        if self.bad_lines <= 3:
+            self.bad_examples.append(where)
+            log.warning("data.source=%s: %s is not a JSON object: skipped and counted (data.strict=true stops on "
+                        "it)%s", self.source.spec, where, "; later ones are only counted" if self.bad_lines == 3
+                        else "")
 
     def train_dataloader(self) -> Any:
         """The resumable, self-sharding loader over the packed rows; streamed: `framework.data.streaming`'s."""

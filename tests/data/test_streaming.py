@@ -274,3 +274,39 @@ def test_ranks_share_whole_files_only_when_their_bytes_come_out_even():
     assert share_strategy(source([100, 98, 101, 100]), "train", 2) == {"strategy": "shards"}
     assert share_strategy(source([100, 100, 100]), "train", 2) == {"strategy": "examples"}  # 3 files, 2 ranks
     assert share_strategy(source([100, 5]), "train", 1) == {}
+
+
+def _with_a_bad_line(folder: Path, at: int = 300) -> Path:
+    """A corpus whose train-1.jsonl has a line cut short at line `at` (and a validation split of its own); the
+    first 1,000 rows, which the preflight reads, are good."""
+    source = corpus(folder, {"train-0": 1200, "train-1": 400, "validation": 3})
+    lines = (source / "train-1.jsonl").read_text().splitlines(keepends=True)
+    lines[at - 1] = '{"text": "a line cut short\n'
+    (source / "train-1.jsonl").write_text("".join(lines))
+    return source
+
+
+def test_a_streamed_bad_line_is_skipped_and_counted_naming_file_and_line(tmp_path, cache, caplog):
+    data = TextData(str(_with_a_bad_line(tmp_path / "c")), seq_len=32, batch_size=4, streaming=True)
+    data.setup()
+    with caplog.at_level("WARNING"):
+        rows = sum(len(b["input_ids"]) for b in streaming.train_loader(data))
+    record = data.record()
+    assert rows > 0 and record["bad_lines"] == 1
+    assert record["bad_line_examples"][0].startswith("train-1.jsonl line 300:")
+    assert "train-1.jsonl line 300: " in caplog.text and "skipped and counted" in caplog.text
+
+
+@pytest.mark.slow  # 10 s of a CLI run; make test skips and counts a bad line in process (above)
+def test_a_streamed_bad_line_under_strict_stops_as_an_interruption_with_a_checkpoint(tmp_path):
+    source = _with_a_bad_line(tmp_path / "c", at=200)
+    run = tmp_path / "run"
+    plain = [a for a in TINY if not a.startswith(("callbacks.checkpoint", "+callbacks.batches"))]
+    proc = start_cli([*plain, f"data.source={source}", "data.streaming=true", "data.strict=true",
+                      "trainer.max_steps=800", f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={run}"])
+    code, err = finish(proc, timeout=300)
+    assert code == 130, err[-3000:]  # an interruption's exit code, not a refusal's 2
+    assert "train-1.jsonl line 200 is not a JSON object" in err and "resume with: python -m framework.train" in err
+    assert (run / "checkpoints" / "interrupted.ckpt").is_file()
+    assert json.loads((run / "results.json").read_text())["status"] == "interrupted"
+    assert "line 200 is not a JSON object" in "".join(p.read_text() for p in run.glob("*.log"))
