@@ -4,7 +4,6 @@ the rank and world size, the epoch, equal steps on every rank, and the per-rank 
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Any
 
 from framework.errors import InputError
@@ -88,8 +87,7 @@ class ResumableStream:
         why = (f"{bad}; fix or remove the line, then resume with the command below and data.allow_changed=true (the "
                "file changed)") if bad is not None else "another rank read a bad line (data.strict=true): see its log"
         if bad is not None:
-            log.error("%s", why)
-            print(f"error: {why}", file=sys.stderr, flush=True)
+            log.error("%s", why)  # the console and train.log (the edge prints no error line for an interruption)
         trainer = self.trainer
         stopper = next((c for c in getattr(trainer, "callbacks", None) or () if isinstance(c, GracefulInterrupt)), None)
         if stopper is None:

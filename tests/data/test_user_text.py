@@ -317,17 +317,16 @@ def test_a_changed_source_is_packed_anew_saying_why_and_the_old_entry_is_listed_
             f"stays ({cache / 'text' / first.fingerprint}") in said, said
     assert f"python -m framework.data cache rm {first.fingerprint}" in said
 
-    def data(*args):
-        return subprocess.run([sys.executable, "-m", "framework.data", *args], capture_output=True, text=True,
-                              timeout=120)
+    from framework.data import cache_cli
 
-    listed = data("cache", "ls").stdout
+    listed = cache_cli.main(["ls"])
     assert first.fingerprint in listed and edited.fingerprint in listed and "2 entries" in listed
     assert str(folder) in listed
-    assert data("cache", "rm", first.fingerprint[:8]).stdout.startswith("removed 1 entry")
-    listed = data("cache", "ls").stdout
+    assert cache_cli.main(["rm", first.fingerprint[:8]]).startswith("removed 1 entry")
+    listed = cache_cli.main(["ls"])
     assert first.fingerprint not in listed and "1 entries" in listed
     assert (cache / "text" / edited.fingerprint / "done").exists()
-    wrong = data("cache", "rm", "zzz")
+    wrong = subprocess.run([sys.executable, "-m", "framework.data", "cache", "rm", "zzz"], capture_output=True,
+                           text=True, timeout=120)  # the command line, as a user types it
     assert wrong.returncode == 2 and wrong.stderr.strip().splitlines()[-1].startswith(
         f"error: cache rm zzz: is no entry of {cache / 'text'}")
