@@ -142,11 +142,16 @@ def _check_composed(cfg: DictConfig, choices: dict[str, Any], multirun: bool) ->
     before = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        lm, data = build_parts(job, choices)
-        if lm is not None:  # the data took the model's tokenizer
-            check_data_source(data)
+        _check_built(cfg, job, choices)
     finally:
         quiet.setLevel(before)
+
+
+def _check_built(cfg: DictConfig, job: DictConfig, choices: dict[str, Any]) -> None:
+    """The checks that build the parts (the model on the meta device, the data's constructor)."""
+    lm, data = build_parts(job, choices)
+    if lm is not None:  # the data took the model's tokenizer
+        check_data_source(data)
     if job.get("init_from"):
         check_init_from(str(job.init_from))
     repo_id = OmegaConf.select(job, "hub.repo_id")

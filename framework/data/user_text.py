@@ -18,7 +18,6 @@ import json
 import logging
 import math
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -175,12 +174,11 @@ class TextData(SplitData):
             old = folder.parent / str(before["fingerprint"])
             kept = (f"; the cache it supersedes stays ({old}, {_size(old) / 2**20:,.1f} MiB): "
                     f"python -m framework.data cache rm {before['fingerprint']}") if old.exists() else ""
-            line = (f"data: {self.source.spec} tokenized and packed anew ({changes.describe(before, now)})"
-                    f"{kept}")
+            # a warning: a run's console and train.log show it, and so does `prepare` (no logging set up there)
+            log.warning("data: %s tokenized and packed anew (%s)%s", self.source.spec, changes.describe(before, now),
+                        kept)
         else:
-            line = f"data: {self.source.spec} tokenized and packed into {folder}"
-        print(line, file=sys.stderr)  # stdout stays the record's (`python -m framework.data prepare` prints JSON)
-        log.info(line)
+            log.info("data: %s tokenized and packed into %s", self.source.spec, folder)
         sources.remember(self._lineage().parent, self._lineage().stem, now)
 
     def _version(self) -> dict[str, Any]:
@@ -298,9 +296,8 @@ class TextData(SplitData):
             f"fingerprint {theirs} then, {self.fingerprint} now: the source's files, revision, tokenizer, seq_len, "
             "packing, column or split differ")
         if self.allow_changed:
-            line = f"data.source={self.source.spec}: resuming on data that changed since the checkpoint ({what})"
-            print(line)
-            log.warning(line)
+            log.warning("data.source=%s: resuming on data that changed since the checkpoint (%s)", self.source.spec,
+                        what)
             return
         raise InputError(f"data.source={self.source.spec}: the data changed since the checkpoint was written "
                          f"({what}); resume on the new data with data.allow_changed=true, or start a new run")

@@ -285,7 +285,7 @@ def test_a_re_staged_copy_resumes_and_a_changed_file_is_refused_by_name(tmp_path
     assert line.startswith("error: data.source=") and "doc001.txt changed (33 bytes then, 60 now)" in line, line
     proc = cli(*args, "trainer.max_steps=6", "data.allow_changed=true", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "resuming on data that changed since the checkpoint (doc001.txt changed" in proc.stdout
+    assert "resuming on data that changed since the checkpoint (doc001.txt changed" in proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
@@ -302,7 +302,7 @@ def test_two_ranks_train_on_text_in_equal_steps(tmp_path, cli):
 
 
 def test_a_changed_source_is_packed_anew_saying_why_and_the_old_entry_is_listed_and_removed(tmp_path, cache,
-                                                                                            capsys):
+                                                                                            caplog):
     import subprocess
     import sys
 
@@ -311,8 +311,9 @@ def test_a_changed_source_is_packed_anew_saying_why_and_the_old_entry_is_listed_
     first.setup()
     (folder / "doc004.txt").write_text("an edited document\n")
     edited = TextData(str(folder), seq_len=16, batch_size=2)
-    edited.setup()
-    said = capsys.readouterr().err
+    with caplog.at_level("WARNING"):
+        edited.setup()
+    said = caplog.text
     assert (f"tokenized and packed anew (doc004.txt changed (43 bytes then, 19 now)); the cache it supersedes "
             f"stays ({cache / 'text' / first.fingerprint}") in said, said
     assert f"python -m framework.data cache rm {first.fingerprint}" in said
