@@ -18,6 +18,10 @@ from framework.recipe import SMOKE
 SMALL_TASK = ["data.n_pairs=4", "data.n_symbols=8", "module.prompt_length=11"]
 
 
+# make test-slow (two CLI runs, ~20 s): make test keeps a probe's model weights untouched on an HF model by name
+# (tests/hf/test_rlkv_hf.py), loads run checkpoints with init_from (tests/modules/test_mdlm_module.py,
+# tests/test_rundir.py) and trains rlkv_probe (tests/test_fault_injection.py)
+@pytest.mark.slow
 def test_probe_loads_a_pretraining_run_with_init_from_and_leaves_its_weights_alone(cli, tmp_path):
     base = tmp_path / "base"
     proc = cli("recipe=pointer_chase_lm", *SMOKE["pointer_chase_lm"], f"hydra.run.dir={base}")
