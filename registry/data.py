@@ -48,9 +48,10 @@ from framework.data.user_text import TextData  # noqa: E402
 
 DATA.register(
     TextData, name="text", seq_len=128, batch_size=32, seed=None,
-    description="Your own text: data.source= a file, folder or glob (.txt .jsonl .json .csv .parquet .arrow) or a "
-                "Hub dataset id (+ data.revision=), data.column=text; packed into seq_len rows, tokenized once "
-                "(cached by fingerprint).",
+    description="Your own text: data.source= a file, folder or glob (.txt .md .jsonl .json .csv .parquet .arrow, also "
+                ".gz/.bz2/.xz/.zst) or a Hub dataset id (+ data.revision=, data.config=), data.column=text (or "
+                "meta.text), data.sample_by=document|line|paragraph; packed into seq_len rows, tokenized once (cached "
+                "by a digest of the files' bytes).",
 )
 
 from framework.data.user_chat import ChatData  # noqa: E402
