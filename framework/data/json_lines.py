@@ -25,42 +25,40 @@ class BadRow(InputError):
     """A line of a streamed JSON Lines file that is not a JSON object (`data.strict=true` stops on it)."""
 
 
+def _parsed(path: str) -> Iterator[tuple[int, str, Any, str | None]]:
+    """(line number, line, value, why it is no JSON object or None) of each non-blank line of `path`."""
+    with text_files.open_text(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+                why = None if isinstance(value, dict) else f"a JSON {type(value).__name__}, not an object"
+            except ValueError as err:
+                value, why = None, str(err)
+            yield number, line, value, why
+
+
 def rows(files: list[str], strict: bool = False) -> Iterator[dict[str, Any]]:
     """Every non-blank line of `files` as a row: the JSON object it holds, or {BAD: "name line N: why"}."""
     for path in files:
-        with text_files.open_text(path) as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    value = json.loads(line)
-                    why = None if isinstance(value, dict) else f"a JSON {type(value).__name__}, not an object"
-                except ValueError as err:
-                    why = str(err)
-                if why is None:
-                    yield value
-                    continue
-                if strict:
-                    raise BadRow(f"data.source: {path} line {number} is not a JSON object ({why}): "
-                                 f"{line.strip()[:80]!r} (data.strict=true stops on it; false skips and counts it)")
+        for number, line, value, why in _parsed(path):
+            if why is None:
+                yield value
+            elif strict:
+                raise BadRow(f"data.source: {path} line {number} is not a JSON object ({why}): "
+                             f"{line.strip()[:80]!r} (data.strict=true stops on it; false skips and counts it)")
+            else:
                 yield {BAD: f"{Path(path).name} line {number}: {why}"}
 
 
 def bad_json_line(files: list[str]) -> tuple[str, int, str, str] | None:
     """The first line of JSON Lines `files` that is not a JSON object: (file, line number, why, the line)."""
     for path in files:
-        if text_files.inner_suffix(path) != ".jsonl":
-            continue
-        with text_files.open_text(path) as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    value = json.loads(line)
-                except ValueError as err:
-                    return path, number, str(err), line.strip()
-                if not isinstance(value, dict):
-                    return path, number, f"a {type(value).__name__}", line.strip()
+        if text_files.inner_suffix(path) == ".jsonl":
+            bad = next(((n, line, why) for n, line, _, why in _parsed(path) if why is not None), None)
+            if bad is not None:
+                return path, bad[0], bad[2], bad[1].strip()
     return None
 
 
