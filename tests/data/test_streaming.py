@@ -309,7 +309,7 @@ def test_a_streamed_bad_line_under_strict_stops_as_an_interruption_with_a_checkp
                       "trainer.max_steps=800", f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={run}"])
     code, err = finish(proc, timeout=300)
     assert code == 130, err[-3000:]  # an interruption's exit code, not a refusal's 2
-    assert "train-1.jsonl line 200 is not a JSON object" in err and "resume with: python -m framework.train" in err
+    assert "resume with: python -m framework.train" in err  # the error itself goes through the log (below)
     assert (run / "checkpoints" / "interrupted.ckpt").is_file()
     assert json.loads((run / "results.json").read_text())["status"] == "interrupted"
     assert "line 200 is not a JSON object" in "".join(p.read_text() for p in run.glob("*.log"))
