@@ -49,9 +49,11 @@ DEFAULTS = [
     {"loss": None},
     {"metric": None},  # a registered metric (e.g. `metric=gicdm`), for modules that take one
     {"sampler": None},  # dynamic data selection (`sampler=data_agent`); None trains on every sample as before
+    {"peft": None},  # adapters (`peft=lora`: PEFT's LoRA); None trains every parameter
     {"recipe": None},  # a recipe overrides the choices above; None lets `recipe=NAME` go without '+'
     {"size": "cpu"},  # conf/size/: cpu (the recipe's own values), smoke, gpu; after the recipe, so it wins
     {"optional preset": "${recipe}/${size}"},  # conf/preset/RECIPE/SIZE.yaml: that recipe's values for the size
+    {"optional lr": "${recipe}/${optimizer}/${peft}"},  # the recipe's lr for this optimizer and peft (None: none)
     {"override hydra/job_logging": "framework"},  # conf/hydra/job_logging/framework.yaml
 ]
 
@@ -66,6 +68,7 @@ TrainConfig = make_config(
     loss=None,
     sampler=None,
     metric=None,
+    peft=None,
     recipe=None,
     trainer=TrainerConf,
     hub=HubConf,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import logging
 from typing import Any
 
 import lightning as L
@@ -31,6 +32,7 @@ def assemble(
     callbacks: dict[str, L.Callback] | None = None,
     seed: int | None = 0,
     choices: dict[str, Any] | None = None,
+    peft: Any = None,
 ) -> tuple[L.LightningModule, dict[str, L.Callback]]:
     """Wire the built groups into the LightningModule and the callback set that `train` fits (the CLI's preflight
     runs the same on the meta device, so a group this ignores would show). A data module without a seed takes
@@ -41,12 +43,14 @@ def assemble(
     hand_tokenizer(model, data)
     hand_data_config(model, data)
     model = hand_special_ids(model, data)
+    model = hand_quantization(model, peft)
     spec = appended_mask(module, DataSpec.of(data))
     extra = {MODULE_ARGS[group]: _handed_to(module, group, part, (choices or {}).get(group))
              for group, part in (("loss", loss), ("metric", metric)) if part is not None}
     if "extra_loss" in extra:  # the loss is built (with the data's mask and pad ids) once the module takes it
         extra["extra_loss"] = spec.complete(loss)()
     lm = spec.complete(module)(model=model, optimizer=optimizer, scheduler=scheduler, **extra)
+    hand_seq_len(getattr(lm, "model", None), data)
     callbacks = dict(callbacks or {})
     if sampler is not None and getattr(data, "streaming", False):
         choice = (choices or {}).get("sampler")
@@ -58,6 +62,38 @@ def assemble(
 
         callbacks = with_selection(callbacks, sampler() if isinstance(sampler, functools.partial) else sampler, seed)
     return lm, callbacks
+
+
+#: the longest rows `data.seq_len=null` makes from a model's context length (a 128k-context model trains on 2048)
+SEQ_LEN_CAP = 2048
+
+
+def hand_seq_len(model: Any, data: Any) -> int | None:
+    """Data whose `seq_len` is None takes the model's context length (`max_seq_len`: a transformers config's
+    max_position_embeddings) up to `SEQ_LEN_CAP`, and says so; ValueError when the model states none."""
+    if getattr(data, "seq_len", 0) is not None:
+        return None
+    limit = getattr(model, "max_seq_len", None)
+    if not isinstance(limit, int):
+        raise ValueError(f"data.seq_len=null takes the model's context length, but {type(model).__name__} states none"
+                         " (no max_position_embeddings): give data.seq_len")
+    data.seq_len = min(limit, SEQ_LEN_CAP)
+    logging.getLogger("framework.data").info(
+        "data.seq_len=%d: the model's context length (%d)%s", data.seq_len, limit,
+        f", capped at {SEQ_LEN_CAP} (set data.seq_len= for longer rows)" if limit > SEQ_LEN_CAP else "")
+    return data.seq_len
+
+
+def attach_adapters(lm: L.LightningModule, peft: Any = None, adapter_from: str | None = None) -> str | None:
+    """Put the `peft` group's adapters (`peft=lora`), or the PEFT adapter saved at `adapter_from` (an `init_from=`
+    that holds one: its own values, trained on), into `lm.model` in place, after the base weights are loaded and
+    before the optimizer sees the parameters. Returns `trainable N of M parameters` (None when there are none)."""
+    if peft is None and adapter_from is None:
+        return None
+    from framework.models.peft_adapters import attach, trainable_line
+
+    attach(lm.model, peft, adapter_from)
+    return trainable_line(lm.model)
 
 
 def appended_mask(module: Any, spec: DataSpec) -> DataSpec:
@@ -115,6 +151,15 @@ def hand_special_ids(model: Any, data: Any) -> Any:
         return model
     ids = {name: int(getattr(data, name)) for name in SPECIAL_IDS if isinstance(getattr(data, name, None), int)}
     return functools.partial(model, special_ids=ids)
+
+
+def hand_quantization(model: Any, peft: Any) -> Any:
+    """`model` (a factory) with the `peft` group's base quantization (`peft=qlora`: 4-bit) where it takes one."""
+    ask = getattr(peft, "quantization", None)
+    if not callable(ask) or not isinstance(model, functools.partial) or \
+            "quantization" not in inspect.signature(model.func).parameters:
+        return model
+    return functools.partial(model, quantization=ask())
 
 
 def _handed_to(module: Any, group: str, part: Any, choice: str | None = None) -> Any:

@@ -29,7 +29,7 @@ def build_parts(job: DictConfig, choices: dict[str, Any]) -> tuple[Any, Any]:
 
     check_user_tools(job.trainer)
     parts: dict[str, Any] = {}
-    for name in ("data", "model", "module", "optimizer", "scheduler", "loss", "metric", "sampler", "trainer"):
+    for name in ("data", "model", "module", "optimizer", "scheduler", "loss", "metric", "sampler", "trainer", "peft"):
         if job.get(name) is not None:
             check_numbers(name, job[name])
         with _refusal(name, choices.get(name)):
@@ -43,11 +43,16 @@ def build_parts(job: DictConfig, choices: dict[str, Any]) -> tuple[Any, Any]:
         with _refusal("guard", None):
             instantiate(job.guard)
     data = parts.pop("data")
-    trainer = parts.pop("trainer")
+    trainer = run_tools.with_auto_precision(parts.pop("trainer"))
+    peft = parts.pop("peft")
     if data is None or parts["module"] is None:
         return None, data
     with _refusal(None, choices), init_empty_weights():
-        lm, callbacks = assembly.assemble(data=data, callbacks=callbacks, seed=job.seed, choices=choices, **parts)
+        lm, callbacks = assembly.assemble(data=data, callbacks=callbacks, seed=job.seed, choices=choices, peft=peft,
+                                          **parts)
+    with _refusal("peft", choices.get("peft")), init_empty_weights():
+        assembly.attach_adapters(lm, peft)  # an adapter init_from= is attached by the run (it reads the repo)
+    with _refusal(None, choices), init_empty_weights():
         if hasattr(lm, "configure_optimizers"):
             try:
                 lm.configure_optimizers()

@@ -31,3 +31,11 @@ def usable_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # macOS and Windows have no affinity mask
         return max(1, os.cpu_count() or 1)
+
+
+def auto_precision(accelerator: object = "auto") -> str:
+    """`trainer.precision=auto`: `bf16-mixed` where the run goes to a CUDA GPU with bf16 tensor cores (compute
+    capability 8.0 and up), else `32-true` (a CPU, or an older GPU: fp16 there needs loss scaling, a choice left to
+    the user as trainer.precision=16-mixed)."""
+    gpu = str(accelerator).lower() in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+    return "bf16-mixed" if gpu and torch.cuda.is_bf16_supported(including_emulation=False) else "32-true"

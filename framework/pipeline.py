@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 import shlex
 import signal
 import sys
@@ -15,7 +16,7 @@ from typing import Any
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 
-from framework.assembly import assemble
+from framework.assembly import assemble, attach_adapters
 from framework.callbacks.run_record import RunRecord, numbers
 from framework.callbacks.safety import GracefulInterrupt, StopOnNonFinite, StopRequested
 from framework.checkpointing import AtomicCheckpointIO, StepSeeds
@@ -29,6 +30,7 @@ from framework.run_tools import (
     show_progress_bar,
     user_callbacks,
     user_loggers,
+    with_auto_precision,
 )
 
 
@@ -50,19 +52,19 @@ def train(
     validate_before_fit: bool = True,
     test: bool = False,
     guard: StopOnNonFinite | None = None,
+    peft: Any = None,
 ) -> dict[str, Any]:
     """Instantiate the run from the composed groups, fit it, record it. Returns the results (`results.json`)."""
     log_to_run_file()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     choices = dict(HydraConfig.get().runtime.choices)
-    lm, callbacks = assemble(data, model, module, optimizer, scheduler, loss, metric, sampler, callbacks, seed, choices)
-    if init_from:
-        from framework.hub import load_weights_into
-
-        load_weights_into(lm.model, init_from)
+    lm, callbacks = assemble(data, model, module, optimizer, scheduler, loss, metric, sampler, callbacks, seed, choices,
+                             peft)
+    start_from(lm, init_from, peft)
     resume_step, ckpt_path = checked_resume(ckpt_path, lm, run_dir)
     record = RunRecord(run_dir, command_line(), command_line(drop=("ckpt_path",)), choices, resumed_from=ckpt_path)
     interrupt = GracefulInterrupt(resume_hint=record.resume_command)
+    trainer = with_auto_precision(trainer)
     theirs = user_callbacks(trainer.keywords.get("callbacks"))  # the user's own, as `trainer.callbacks`
     show_bar = show_progress_bar(trainer.keywords.get("enable_progress_bar"), theirs)
     ours = [*callbacks.values(), *_hub_callbacks(hub), *_guards(guard, optimizer, interrupt, show_bar), record,
@@ -90,6 +92,23 @@ def train(
     if run.is_global_zero and hub.repo_id:
         results["hub"] = _push_run(run_dir, hub)
     return results
+
+
+def start_from(lm: L.LightningModule, init_from: str | None, peft: Any) -> None:
+    """Load `init_from=`'s weights into the model (a run dir, checkpoint or model repo), then attach the `peft`
+    group's adapters; an `init_from=` that holds a PEFT adapter is attached as the adapters, trained on."""
+    adapter_from = None
+    if init_from:
+        from framework.models.peft_adapters import is_adapter_source
+
+        adapter_from = init_from if is_adapter_source(init_from) else None
+    if init_from and adapter_from is None:
+        from framework.hub import load_weights_into
+
+        load_weights_into(lm.model, init_from)
+    trainable = attach_adapters(lm, peft, adapter_from)
+    if trainable:
+        logging.getLogger(__name__).info("peft: %s", trainable)
 
 
 def command_line(extra: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> str:

@@ -41,11 +41,14 @@ def recipe(
     description: str,
     base: str | None = None,
     defaults: dict[str, Any] | None = None,
+    lrs: dict[str, float] | None = None,
     **values: Any,
 ) -> DictConfig:
     """Register recipe `name`: built on recipe `base` (if given), group choices in `defaults`, plain values as
     keyword arguments. An integer `trainer.val_check_interval` counts global steps (`check_val_every_n_epoch=None`
-    unless given)."""
+    unless given). `lrs`: the recipe's learning rate per optimizer (`{"adamw": 2e-5, "olion": ...}`; a key
+    `OPTIMIZER+PEFT`, e.g. `adamw+lora`, is the lr with that `peft=` choice), stored in Hydra's `lr` group and
+    applied after the recipe and its size, so the command line's `optimizer.lr=` still wins."""
     trainer = values.get("trainer")
     if isinstance(trainer, dict) and isinstance(trainer.get("val_check_interval"), int):
         # an integer interval counts optimizer steps across epochs, so it holds however many batches an epoch has
@@ -55,6 +58,9 @@ def recipe(
     # untyped on purpose: a typed config in `_global_` fails to merge with the primary config
     cfg = OmegaConf.create({"defaults": [*([f"/recipe/{base}"] if base else []), "_self_", *overrides], **values})
     register_recipe(name, cfg, description)
+    for key, lr in (lrs or {}).items():
+        optimizer, _, peft = key.partition("+")
+        _store(f"lr/{name}/{optimizer}/{peft or 'None'}", OmegaConf.create({"optimizer": {"lr": float(lr)}}))
     return cfg
 
 

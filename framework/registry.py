@@ -199,6 +199,7 @@ METRICS = Registry("metric")
 CALLBACKS = Registry("callback", group="callbacks", package="callbacks.{name}")  # multi-select → dict
 SAMPLERS = Registry("sampler", partial=True)
 DATA = Registry("data")
+PEFT = Registry("peft")  # parameter-efficient fine-tuning: adapters put into the built model (PEFT's LoRA)
 RECIPES = Registry("recipe", store=None)  # stored by framework.recipe.recipe() into group "recipe"
 #: our Lightning strategies (also in Lightning's own registry, so `trainer.strategy=NAME` takes them, as it takes
 #: Lightning's `ddp`, `fsdp`, ...); listed by `python -m framework.ls`, not a Hydra group
@@ -206,7 +207,8 @@ STRATEGIES = Registry("strategy", group="trainer.strategy", store=None)
 
 KINDS: dict[str, Registry] = {
     r.kind: r
-    for r in (MODELS, MODULES, OPTIMIZERS, SCHEDULERS, LOSSES, METRICS, CALLBACKS, SAMPLERS, DATA, RECIPES, STRATEGIES)
+    for r in (MODELS, MODULES, OPTIMIZERS, SCHEDULERS, LOSSES, METRICS, CALLBACKS, SAMPLERS, DATA, PEFT, RECIPES,
+              STRATEGIES)
 }
 #: Hydra group name → registry (the command line speaks in groups: `callbacks=[...]`).
 GROUPS: dict[str, Registry] = {r.group: r for r in KINDS.values() if r is not STRATEGIES}

@@ -10,6 +10,7 @@ hyperparameters. `trainer.callbacks` adds the user's callbacks after ours; a pro
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -119,3 +120,13 @@ def log_config(loggers: Iterable[Logger], run_dir: Path, choices: dict[str, Any]
 
 __all__ = ["CALLBACK_FORMS", "LOGGER_FORMS", "check_loggers_needed", "log_config", "merge_callbacks", "run_loggers",
            "show_progress_bar", "user_callbacks", "user_loggers"]
+
+
+def with_auto_precision(trainer: Any) -> Any:
+    """The Trainer factory with `precision="auto"` made concrete: bf16 on a GPU that has it, else fp32
+    (`framework.devices.auto_precision`); any other value as given."""
+    if trainer is None or trainer.keywords.get("precision") != "auto":
+        return trainer
+    from framework.devices import auto_precision
+
+    return functools.partial(trainer, precision=auto_precision(trainer.keywords.get("accelerator", "auto")))

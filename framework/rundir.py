@@ -141,9 +141,19 @@ class RunDir:
             self._raw = read_checkpoint(self.checkpoint_file())
         return self._raw
 
-    def state(self, ema: bool = False) -> dict[str, Tensor]:
-        """The model's weights (`ema`: its EMA copy), LoRA adapters merged."""
-        return backbone_state(self.raw_checkpoint(), self.checkpoint_file(), ema)
+    def state(self, ema: bool = False, merge: bool = True) -> dict[str, Tensor]:
+        """The model's weights (`ema`: its EMA copy), LoRA adapters merged (`merge=False`: PEFT's layers as trained,
+        for a model with the same adapters attached)."""
+        state = backbone_state(self.raw_checkpoint(), self.checkpoint_file(), ema)
+        from framework.models.peft_adapters import PEFT_KEY, is_peft_state, merged_state
+
+        if not merge or not is_peft_state(state):
+            return state
+        record = self.spec().get(PEFT_KEY) if self.spec_path.is_file() else None
+        if not record:
+            raise UnsafeWeightsError(f"{self.checkpoint_file()} holds PEFT adapters, but {self.spec_path} does not say "
+                                     "which (no 'peft' entry): it cannot be merged into plain weights")
+        return merged_state(state, record)
 
     def model_config(self, grown: bool = True) -> dict[str, Any]:
         """{"name", "config"} of the model; `grown`: the architecture a growth callback recorded in the checkpoint."""

@@ -15,4 +15,5 @@ from framework.recipes import (  # noqa: F401 - each module registers its recipe
     pointer_chase_lm,
     rlkv_probe,
     selection_compare,
+    sft,
 )

@@ -5,6 +5,7 @@ entry point in pyproject.toml, so the machinery in `framework/` never names it.
 """
 
 from framework.catalog import (  # noqa: F401 - each module registers its entries on import, in this order
+    adapters,
     callbacks,
     data,
     losses,

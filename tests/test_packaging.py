@@ -111,7 +111,8 @@ OPTIONAL = {"tensorboard": "the TensorBoard logger is skipped (extra `tensorboar
             "transformers": "model=hf_causal_lm / hf_masked_lm say to install the extra `hf`",
             "datasets": "data=text / chat say to install the extra `data`",
             "jinja2": "data=chat renders chat templates with it, as transformers does (extra `data`)",
-            "zstandard": "a .zst data file is refused saying to install it (extra `data`)"}
+            "zstandard": "a .zst data file is refused saying to install it (extra `data`)",
+            "peft": "peft=lora says to install the extra `peft`"}
 #: the oldest release of a package with an API the code calls: (floor, the API, a file that calls it)
 FLOORS = {"torch": ("2.9", "torch.optim.Muon", "framework/optim/muon.py"),
           "huggingface-hub": ("0.25", "huggingface_hub.errors", "framework/hub/load.py"),

@@ -110,8 +110,8 @@ def test_partial_registry_leaves_required_arguments_for_build_time():
 
 def test_every_kind_has_one_registry_with_a_hydra_group():
     assert set(KINDS) == {
-        "model", "module", "optimizer", "scheduler", "loss", "metric", "callback", "sampler", "data", "recipe",
-        "strategy",
+        "model", "module", "optimizer", "scheduler", "loss", "metric", "callback", "sampler", "data", "peft",
+        "recipe", "strategy",
     }
     assert KINDS["callback"].group == "callbacks"
     assert set(GROUPS) == {r.group for r in KINDS.values()} - {"trainer.strategy"}  # a Trainer value, not a group

@@ -55,6 +55,8 @@ class RunRecord(L.Callback):
             "resumed_from": self.resumed_from,
             "command": self.command,
             "framework_version": __version__,
+            "numerics": numerics(trainer),
+            "parameters": parameter_counts(lm),
             **data_record(trainer),
         }
         if trainer.is_global_zero:
@@ -82,6 +84,19 @@ class RunRecord(L.Callback):
 
     def _write(self, name: str, content: dict[str, Any]) -> None:
         (self.run_dir / name).write_text(json.dumps(content, indent=2))
+
+
+def numerics(trainer: L.Trainer) -> dict[str, str]:
+    """What decided the run's arithmetic: Lightning's precision and OLion's Newton–Schulz dtype (with why)."""
+    from framework.optim.ns_dtype import ns_record
+
+    return {"precision": str(trainer.precision), **ns_record(trainer.optimizers)}
+
+
+def parameter_counts(lm: L.LightningModule) -> dict[str, int]:
+    """The model's parameters: `trainable` (what the optimizer updates) of `total` (tied weights counted once)."""
+    params = {id(p): p for p in getattr(lm, "model", lm).parameters()}.values()
+    return {"trainable": sum(p.numel() for p in params if p.requires_grad), "total": sum(p.numel() for p in params)}
 
 
 def numbers(values: dict[str, Any], prefix: str = "", suffix: str = "") -> dict[str, float]:
@@ -129,8 +144,12 @@ def summary(results: dict[str, Any]) -> str:
 
 def model_spec(model: Any, name: str | None, mask_id: int | None = None) -> dict[str, Any]:
     """The registry name and plain constructor values that rebuild `model` (what the Hub's config.json holds),
-    plus the [MASK] id of a masked diffusion model (what `python -m framework.generate` appends)."""
-    spec = {"name": name, "config": dict(getattr(model, "init_config", {}))}
+    its adapters' values (`peft`) and the [MASK] id of a masked diffusion model (what `framework.generate` appends)."""
+    from framework.models.peft_adapters import PEFT_KEY, peft_spec
+
+    spec: dict[str, Any] = {"name": name, "config": dict(getattr(model, "init_config", {}))}
+    if peft_spec(model) is not None:  # adapters in the checkpoint: how to rebuild (and fold) them
+        spec[PEFT_KEY] = peft_spec(model).record()
     return spec if mask_id is None else {**spec, "mask_id": int(mask_id)}
 
 

@@ -53,7 +53,7 @@ class ChatData(TextData):
         split: str = "train",
         val_split: str | None = None,
         val_fraction: float = 0.05,
-        seq_len: int = 512,
+        seq_len: int | None = 512,
         packing: bool = True,
         batch_size: int = 8,
         seed: int | None = 0,

@@ -67,7 +67,7 @@ class TextData(SplitData):
         split: str = "train",
         val_split: str | None = None,
         val_fraction: float = 0.05,
-        seq_len: int = 128,
+        seq_len: int | None = 128,
         packing: bool = True,
         batch_size: int = 32,
         seed: int | None = 0,
@@ -80,8 +80,8 @@ class TextData(SplitData):
         strict: bool = False,
     ):
         super().__init__()
-        for key, value in (("seq_len", seq_len), ("batch_size", batch_size)):
-            if not isinstance(value, int) or value < 1:
+        for key, value in (("seq_len", seq_len), ("batch_size", batch_size)):  # seq_len None: the run's model's
+            if (value is not None or key != "seq_len") and (not isinstance(value, int) or value < 1):
                 raise InputError(f"data.{key}={value!r} must be an integer >= 1")
         if not 0.0 < val_fraction < 1.0:
             raise InputError(f"data.val_fraction={val_fraction} must be in (0, 1) (the share of documents held out "
@@ -139,6 +139,9 @@ class TextData(SplitData):
     def identity(self) -> dict[str, Any]:
         """Everything that made the packed arrays (the cache key is its `fingerprint`)."""
         held = None if self.val_split else self.val_fraction
+        if self.seq_len is None:
+            raise InputError("data.seq_len=null means the model's context length, which a run hands the data from its "
+                             "model; built on its own, give data.seq_len (e.g. 2048)")
         return {"kind": "text", "source": self.source.identity(), "column": self.column,
                 "split": self.split, "val_split": self.val_split, "val_fraction": held,
                 "tokenizer": self._tokenizer_identity, "seq_len": self.seq_len, "packing": self.packing,

@@ -8,6 +8,7 @@ import json
 import math
 from typing import Any
 
+from framework.hub.adapters import ADAPTER, adapter_base, adapter_usage
 from framework.hub.common import CONFIG_NAME, PLOT_NAME, WEIGHTS_NAME
 from framework.hub.formats import PLAIN, TIMM
 
@@ -26,7 +27,8 @@ def model_card(bundle: Any, repo_id: str, revision: str | None, has_plot: bool) 
                         metric_type=k, metric_name=k, metric_value=v) for k, v in finite.items()]
     extra = ("timm", "image-classification") if fmt == TIMM else ()
     tags = [t for t in ("framework", "pytorch-lightning", "safetensors", *extra, name, cfg.get("recipe")) if t]
-    data = ModelCardData(library_name="timm" if fmt == TIMM else "framework", tags=tags,
+    base = {"base_model": adapter_base(bundle.model)[0]} if fmt == ADAPTER else {}
+    data = ModelCardData(library_name={TIMM: "timm", ADAPTER: "peft"}.get(fmt, "framework"), tags=tags, **base,
                          datasets=hub_dataset or bundle.datasets or None, metrics=list(finite) or None,
                          model_name=repo_id, eval_results=evals or None)
     params = sum(p.numel() for p in bundle.model.parameters())
@@ -35,7 +37,7 @@ def model_card(bundle: Any, repo_id: str, revision: str | None, has_plot: bool) 
     recipe = f" with recipe `{cfg['recipe']}`" if cfg.get("recipe") else ""
     card = [
         f"---\n{data.to_yaml()}\n---\n\n# {repo_id}\n\nA `{name}` model ({params:,} parameters) trained by framework"
-        f" {cfg['framework_version']}{recipe}.\n\n## Usage\n\n{usage(fmt, name, repo_id, revision)}\n"
+        f" {cfg['framework_version']}{recipe}.\n\n## Usage\n\n{usage(fmt, name, repo_id, revision, bundle.model)}\n"
         f"## Metrics\n\nFinal values{step}.\n\n| metric | value |\n|---|---|\n{rows}\n",
     ]
     if record:
@@ -81,9 +83,11 @@ def data_section(record: dict[str, Any]) -> str:
     return "\n## Training data\n\n| | |\n|---|---|\n" + "\n".join(rows) + "\n"
 
 
-def usage(fmt: str, name: str, repo_id: str, revision: str | None) -> str:
+def usage(fmt: str, name: str, repo_id: str, revision: str | None, model: Any = None) -> str:
     """The card's "Usage" section: the first ```python block is the snippet that loads the model."""
     rev = f", revision={revision!r}" if revision and revision != "main" else ""
+    if fmt == ADAPTER:
+        return adapter_usage(*adapter_base(model), repo_id, revision)
     if fmt == TIMM:
         hub_id = f"hf-hub:{repo_id}" + (f"@{revision}" if rev else "")
         return (f"```python\nimport timm\n\nmodel = timm.create_model({hub_id!r}, pretrained=True).eval()\n```\n\n"

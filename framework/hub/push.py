@@ -17,6 +17,7 @@ from torch import nn
 
 from framework import __version__
 from framework.errors import redact
+from framework.hub.adapters import ADAPTER, live_push_model, pushes_adapter, stage_adapter, with_adapters
 from framework.hub.card import model_card
 from framework.hub.common import (
     ARTIFACTS,
@@ -32,6 +33,7 @@ from framework.hub.common import (
 from framework.hub.formats import FRAMEWORK, FRAMEWORK_CONFIG_NAME, TIMM, TRANSFORMERS, timm_architecture, timm_config
 from framework.hub.load import build_model, validate_config
 from framework.hub.pushable import _is_hf, pushable
+from framework.models.peft_adapters import PEFT_KEY, peft_spec
 from framework.rundir import Build, RunDir, load_state
 
 
@@ -129,12 +131,18 @@ def _bundle_from_run_dir(run: RunDir, build: Build | None) -> _Bundle:
                               **({"mask_id": spec["mask_id"]} if spec.get("mask_id") is not None else {})})
     ckpt = run.checkpoint_file()
     model = build_model(config, build)
+    record = spec.get(PEFT_KEY)  # trained adapters: PEFT's format for a transformers model, else merged
+    adapter = pushes_adapter(model, record)
+    if adapter:
+        with_adapters(model, record)
     try:
-        load_state(model, run.state(), ckpt)
+        load_state(model, run.state(merge=not adapter), ckpt)
     except ValueError as err:
         raise UnsafeWeightsError(f"{ckpt} does not fit model {config['name']!r}: {err.__cause__}") from err
     choices = results.get("choices") or {}
-    fmt = FRAMEWORK
+    fmt = ADAPTER if adapter else FRAMEWORK
+    if record:
+        config = {**config, PEFT_KEY: record}
     if timm_architecture(model):  # `model=timm`: timm's own format, so timm.create_model("hf-hub:...") opens it
         labels = (results.get("data") or {}).get("class_names")  # data=images: in full up to 20 classes
         fmt, config = TIMM, validate_config({**timm_config(model, labels),
@@ -168,8 +176,10 @@ def _bundle_from_module(module: nn.Module, info: dict[str, Any]) -> _Bundle:
     if isinstance(classes, (list, tuple)) and "label_names" not in info:
         info = {**info, "label_names": list(classes)}
     what = pushable(module, info)  # NotPushableError (a ValueError) names the class and what would make it pushable
-    bundle = _Bundle(what.model, what.config, datasets=list(info.get("datasets") or []), task=info.get("task"),
-                     format=what.format)
+    model, adapter = live_push_model(what.model)  # adapters: alone (PEFT's format), or merged into a copy
+    config = {**what.config, PEFT_KEY: peft_spec(what.model).record()} if peft_spec(what.model) else what.config
+    bundle = _Bundle(model, config, datasets=list(info.get("datasets") or []), task=info.get("task"),
+                     format=ADAPTER if adapter else what.format)
     if trainer is not None:
         from lightning.pytorch.loggers import CSVLogger
 
@@ -194,7 +204,10 @@ def _stage(bundle: _Bundle, folder: Path, repo_id: str, revision: str | None) ->
 
     from framework.plots import plot_training_curves
 
-    if _is_hf(bundle.model):  # transformers' own layout (config.json, safetensors, tokenizer); ours in framework.json
+    if bundle.format == ADAPTER:  # PEFT's layout (adapter_config.json naming the base, the adapter's safetensors)
+        stage_adapter(bundle.model, folder)
+        (folder / FRAMEWORK_CONFIG_NAME).write_text(json.dumps(bundle.config, indent=2) + "\n")
+    elif _is_hf(bundle.model):  # transformers' own layout (config.json, safetensors, tokenizer); ours in framework.json
         bundle.format = TRANSFORMERS
         bundle.model.save_pretrained(folder)
         (folder / FRAMEWORK_CONFIG_NAME).write_text(json.dumps(bundle.config, indent=2) + "\n")

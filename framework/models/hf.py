@@ -15,9 +15,7 @@ never loads it.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from torch import Tensor, nn
 
 from framework.models.base import RecordsConfig
 from framework.models.documents import document_mask, mask_for, shift_within_documents
+from framework.models.hf_adapters import ADAPTERS, Adapter, adapter_for, register_adapter
 from framework.models.hf_loading import (
     _transformers,
     check_weight_files,
@@ -37,60 +36,6 @@ from framework.models.hf_loading import (
 from framework.serving.attention import check_window
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclasses.dataclass(frozen=True)
-class Adapter:
-    """The facts that differ per model family, in one place.
-
-    `kind`: "causal" (next-token logits, `AutoModelForCausalLM`) or "masked" (logits at the same position,
-    `AutoModelForMaskedLM`); `shifted`: logits at position t predict token t+1; `bidirectional`: every position
-    attends to every other (what an MDLM backbone needs); `mask_token`: the tokenizer's attribute that holds the
-    [MASK] token (None: the family has none); `call(model, ids, attention_mask)`: the logits of a batch of token
-    ids (`attention_mask`: None, a (batch, seq) key mask with 1 = real token, or a 4-D boolean mask).
-    """
-
-    name: str
-    kind: str
-    shifted: bool
-    bidirectional: bool
-    model_types: tuple[str, ...] = ()  # transformers `model_type`s it covers; () = the kind's default
-    mask_token: str | None = None
-    call: Callable[..., Tensor] | None = None
-
-    def logits(self, model: nn.Module, ids: Tensor, attention_mask: Tensor | None = None,
-               position_ids: Tensor | None = None) -> Tensor:
-        if self.call is not None:
-            if position_ids is not None:
-                raise ValueError(f"the {self.name!r} adapter's call takes no position_ids, so packed rows would attend "
-                                 "across documents: set data.packing=false (one document per row)")
-            return self.call(model, ids, attention_mask)
-        extra = {} if position_ids is None else {"position_ids": position_ids}
-        if self.kind == "causal":
-            extra["use_cache"] = False
-        return model(input_ids=ids, attention_mask=attention_mask, **extra).logits
-
-
-#: the adapters by name; `adapter_for` picks one by the config's model_type, else the kind's default
-ADAPTERS: dict[str, Adapter] = {}
-
-
-def register_adapter(adapter: Adapter) -> Adapter:
-    """Add (or replace) an adapter; a family's `model_types` then use it."""
-    ADAPTERS[adapter.name] = adapter
-    return adapter
-
-
-register_adapter(Adapter("causal", "causal", shifted=True, bidirectional=False))
-register_adapter(Adapter("masked", "masked", shifted=False, bidirectional=True, mask_token="mask_token_id"))
-
-
-def adapter_for(model_type: str, kind: str) -> Adapter:
-    """The adapter registered for `model_type` of this `kind`, else the kind's default."""
-    for adapter in ADAPTERS.values():
-        if adapter.kind == kind and model_type in adapter.model_types:
-            return adapter
-    return ADAPTERS[kind]
 
 
 def _building_on_meta() -> bool:
@@ -111,6 +56,9 @@ class HFLanguageModel(RecordsConfig):
     autoregressive checkpoint's head keeps its meaning). `tokenizer` names where the tokenizer comes from when that
     is not `name_or_path` (a grown model is rebuilt from its config, its tokenizer still its source's).
     `special_ids`: the data's (`{"eos_id": 3, ...}`, handed in by the run) that a fresh config on its vocabulary takes.
+    `quantization`: transformers' `BitsAndBytesConfig` values (what `peft=qlora` hands in; CUDA only).
+    `gradient_checkpointing=True`: transformers' own (`activation_checkpointing_enable`, non-reentrant), so each layer's
+    activations are recomputed in the backward pass instead of kept: less memory for about one more forward.
     """
 
     kind = "causal"
@@ -128,6 +76,8 @@ class HFLanguageModel(RecordsConfig):
         tokenizer: str | None = None,
         strict: bool = True,
         special_ids: dict[str, int] | None = None,
+        gradient_checkpointing: bool = False,
+        quantization: dict[str, Any] | None = None,
     ):
         super().__init__()
         self.bidirectional = not causal
@@ -141,6 +91,10 @@ class HFLanguageModel(RecordsConfig):
         auto = getattr(transformers, self.auto_class)
         kwargs = {"dtype": DTYPES[dtype], **({"attn_implementation": attn_implementation}
                                              if attn_implementation else {})}
+        if quantization:  # peft=qlora's 4-bit base (framework.models.peft_adapters.QLoRA: CUDA only)
+            if name_or_path is None:
+                raise ValueError("peft=qlora quantizes trained weights: give model.name_or_path, not a fresh config")
+            kwargs["quantization_config"] = transformers.BitsAndBytesConfig(**quantization)
         if name_or_path is not None:
             hf_config = load_hf_config(str(name_or_path), revision)
             self._check_kind(hf_config, f"model.name_or_path={name_or_path}")
@@ -154,6 +108,8 @@ class HFLanguageModel(RecordsConfig):
             self._check_kind(hf_config, f"model.config.model_type={hf_config.model_type}")
             model = auto.from_config(hf_config, **kwargs)
         self.hf = model
+        if gradient_checkpointing:
+            enable_checkpointing(model)
         self.loaded_weights = name_or_path is not None  # trained weights, not a fresh init (probes keep them as is)
         self.adapter = adapter_for(hf_config.model_type, self.kind)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
@@ -250,9 +206,10 @@ class HFCausalLM(HFLanguageModel):
     def __init__(self, name_or_path: str | None = None, config: dict[str, Any] | None = None,
                  vocab_size: int | None = None, revision: str | None = None, dtype: str = "float32",
                  attn_implementation: str | None = None, causal: bool = True, tokenizer: str | None = None,
-                 strict: bool = True, special_ids: dict[str, int] | None = None):
+                 strict: bool = True, special_ids: dict[str, int] | None = None, gradient_checkpointing: bool = False,
+                 quantization: dict[str, Any] | None = None):
         super().__init__(name_or_path, config, vocab_size, revision, dtype, attn_implementation, causal, tokenizer,
-                         strict, special_ids)
+                         strict, special_ids, gradient_checkpointing, quantization)
 
     @property
     def gate_shape(self) -> tuple[int, int]:
@@ -335,9 +292,23 @@ class HFMaskedLM(HFLanguageModel):
     def __init__(self, name_or_path: str | None = None, config: dict[str, Any] | None = None,
                  vocab_size: int | None = None, revision: str | None = None, dtype: str = "float32",
                  attn_implementation: str | None = None, tokenizer: str | None = None, strict: bool = True,
-                 special_ids: dict[str, int] | None = None):
+                 special_ids: dict[str, int] | None = None, gradient_checkpointing: bool = False):
         super().__init__(name_or_path, config, vocab_size, revision, dtype, attn_implementation, tokenizer=tokenizer,
-                         strict=strict, special_ids=special_ids)
+                         strict=strict, special_ids=special_ids, gradient_checkpointing=gradient_checkpointing)
+
+
+def enable_checkpointing(model: nn.Module) -> None:
+    """transformers' gradient checkpointing on `model`, non-reentrant (so a frozen embedding, as under LoRA, needs no
+    input that requires grad), with the KV cache off while training; ValueError where the family has none."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"model.gradient_checkpointing=true: {type(model).__name__} does not support gradient "
+                         "checkpointing in transformers; set model.gradient_checkpointing=false")
+    enable = getattr(model, "activation_checkpointing_enable", None)  # its name from transformers 5.25 on
+    if callable(enable):
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
 
 
 def is_hf_model(model: Any) -> bool:

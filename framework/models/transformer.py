@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from framework.models.base import RecordsConfig
 from framework.models.documents import document_mask
@@ -283,8 +284,10 @@ class LanguageModel(nn.Module):
             key_padding_mask = document_mask(position_ids, self.causal, key_padding_mask)
         x = self.drop(self.embed(idx))
         if gates is None and cache is None:
-            for block in self.blocks:
-                x = block(x, cos, sin, key_padding_mask)
+            recompute = getattr(self, "gradient_checkpointing", False) and self.training and torch.is_grad_enabled()
+            for block in self.blocks:  # checkpointed: each block's activations recomputed in the backward pass
+                x = checkpoint(block, x, cos, sin, key_padding_mask, use_reentrant=False) if recompute else \
+                    block(x, cos, sin, key_padding_mask)
             return self.norm(x)
         if gates is not None and gates.shape != (len(self.blocks), self.blocks[0].attn.kv_heads):
             raise ValueError(
@@ -317,7 +320,8 @@ class TransformerLM(LanguageModel, RecordsConfig):
 
     `init` names the weight initialisation (`INITS`, see `init_weights`): ``"gpt2"`` (N(0, 0.02), the default, as
     before) or ``"torch"`` (PyTorch's defaults, which scale with width; small models such as the d = 64 needle MDLM
-    learn only with it). Loading saved weights does not depend on it.
+    learn only with it). Loading saved weights does not depend on it. `gradient_checkpointing=True` recomputes each
+    block's activations in the backward pass while training (non-reentrant `torch.utils.checkpoint`).
     """
 
     def __init__(
@@ -333,8 +337,10 @@ class TransformerLM(LanguageModel, RecordsConfig):
         dropout: float = 0.0,
         tie_embeddings: bool = False,
         init: str = "gpt2",
+        gradient_checkpointing: bool = False,
     ):
         if not mlp_ratio > 0 or not 0.0 <= dropout < 1.0:
             raise ValueError(f"mlp_ratio={mlp_ratio} must be > 0 and dropout={dropout} in [0, 1)")
         super().__init__(vocab_size, dim, depth, heads, kv_heads, max_seq_len, causal, dropout, tie_embeddings,
                          feed_forward=lambda: MLP(dim, int(mlp_ratio * dim), dropout), init=init)
+        self.gradient_checkpointing = bool(gradient_checkpointing)

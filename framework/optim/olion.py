@@ -83,9 +83,9 @@ class OLion(torch.optim.Optimizer):
     workload: start from AdamW's best lr times that ratio and sweep around it. Table (f) measures the AdamW
     branch's lr at OLion's best: small models trained briefly want it higher than the default, up to OLion's lr.
 
-    `ns_dtype` (a dtype or its name) sets the Newton–Schulz dtype; None means the faster of bf16 and fp32 on the
-    device, measured once per process (`framework.optim.ns_dtype`: bf16 on GPUs and on CPUs with bf16 matrix
-    instructions, fp32 on other CPUs) and kept in the group's `ns_dtype_auto`, so a resumed run keeps it.
+    `ns_dtype` (a dtype or its name) sets the Newton–Schulz dtype; None means bf16 where the device has bf16 matrix
+    instructions and fp32 elsewhere, decided from what the device is, not timed (`framework.optim.ns_dtype`), and
+    kept in the group's `ns_dtype_auto`, so a resumed run keeps it.
     `ns_form="auto"` runs NS on the short side's Gram matrix for matrices at least twice as long as wide (fewer
     FLOPs, the same map; `gram_newton_schulz5`) and the standard iteration otherwise; "standard" / "gram" force one.
     `ns_batch` stacks up to that many same-shape matrices into one batched NS call (1 = a per-matrix loop);
