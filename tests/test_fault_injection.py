@@ -33,15 +33,32 @@ from framework.registry import RECIPES
 KILLED_BY_DEFAULT = ("mdlm_mask_agnostic",)  # the others train in bf16 in make test, and are killed in make test-slow
 
 
+#: recipes whose default model and data are Hub ids (recipe=sft: a chat model and a chat dataset), served by tiny
+#: stand-ins under those ids on the local Hub; their make-test run is tests/hf/test_sft_cli.py's, so here slow only
+ON_THE_HUB = ("sft",)
+
+
 def _kill_params() -> list:
     return [name if name in KILLED_BY_DEFAULT else pytest.param(name, marks=pytest.mark.slow)
             for name in RECIPES.names()]
 
 
-@pytest.mark.parametrize("name", [n for n in RECIPES.names() if n not in KILLED_BY_DEFAULT])
-def test_every_other_recipe_trains_in_bf16_to_finite_metrics(tmp_path, name):
+def _env(request, name: str) -> dict | None:
+    """The environment a recipe's CLI needs: the local Hub with the stand-ins for a recipe in ON_THE_HUB."""
+    if name not in ON_THE_HUB:
+        return None
+    from support.stand_ins import serve_chat
+
+    hub = request.getfixturevalue("hub")
+    serve_chat(hub.api)
+    return {"HF_ENDPOINT": hub.url, "HF_TOKEN": "dummy", "HF_HOME": str(hub.root / "hf_home")}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ON_THE_HUB else n
+                                  for n in RECIPES.names() if n not in KILLED_BY_DEFAULT])
+def test_every_other_recipe_trains_in_bf16_to_finite_metrics(tmp_path, name, request):
     args = [f"recipe={name}", *SMOKE[name], "trainer.precision=bf16-mixed", f"hydra.run.dir={tmp_path}"]
-    code, err = _finish(_start(args))
+    code, err = _finish(_start(args, _env(request, name)))
     assert code == 0, err[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["recipe"] == name and results["global_step"] > 0
@@ -50,7 +67,7 @@ def test_every_other_recipe_trains_in_bf16_to_finite_metrics(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", _kill_params())
-def test_recipe_runs_in_bf16_and_a_sigkilled_run_resumes_bitwise_equal(tmp_path, name):
+def test_recipe_runs_in_bf16_and_a_sigkilled_run_resumes_bitwise_equal(tmp_path, name, request):
     """In bf16-mixed (native on CPUs with bf16 kernels, emulated elsewhere; what a GPU run uses): the weights and
     optimizer state stay fp32, so resuming is exact in it as in fp32 (char_lm's fp32 resume: test_scheduler)."""
     assert name in SMOKE, f"recipe {name} has no smoke size (conf/size/smoke.yaml, conf/preset/{name}/smoke.yaml)"
@@ -58,9 +75,9 @@ def test_recipe_runs_in_bf16_and_a_sigkilled_run_resumes_bitwise_equal(tmp_path,
             "trainer.precision=bf16-mixed"]
     steps = next(int(a.split("=")[1]) for a in args[::-1] if a.startswith("trainer.max_steps="))
     kill_at = 1 + zlib.crc32(name.encode()) % (steps - 1)  # a fixed "random" step per recipe, after a checkpoint
-    full, cut = tmp_path / "full", tmp_path / "cut"
-    ref = _start([*args, f"hydra.run.dir={full}"])  # the two run side by side, one thread each
-    killed = _start([*args, *KILL, f"+callbacks.kill.step={kill_at}", f"hydra.run.dir={cut}"])
+    full, cut, env = tmp_path / "full", tmp_path / "cut", _env(request, name)
+    ref = _start([*args, f"hydra.run.dir={full}"], env)  # the two run side by side, one thread each
+    killed = _start([*args, *KILL, f"+callbacks.kill.step={kill_at}", f"hydra.run.dir={cut}"], env)
     (code, err), (kcode, kerr) = _finish(ref), _finish(killed)
 
     assert code == 0, err[-3000:]
@@ -73,7 +90,8 @@ def test_recipe_runs_in_bf16_and_a_sigkilled_run_resumes_bitwise_equal(tmp_path,
     assert not (cut / "results.json").exists()
 
     resumed = tmp_path / "resumed"
-    code, err = _finish(_start([*args, f"ckpt_path={cut / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={resumed}"]))
+    code, err = _finish(_start([*args, f"ckpt_path={cut / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={resumed}"],
+                               env))
     assert code == 0, err[-3000:]
     a, b = _state(full / "checkpoints" / "last.ckpt"), _state(resumed / "checkpoints" / "last.ckpt")
     assert a["global_step"] == b["global_step"] == steps
@@ -82,7 +100,7 @@ def test_recipe_runs_in_bf16_and_a_sigkilled_run_resumes_bitwise_equal(tmp_path,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", RECIPES.names())
-def test_a_longer_run_killed_at_a_random_step_resumes_bitwise_equal(tmp_path, name):
+def test_a_longer_run_killed_at_a_random_step_resumes_bitwise_equal(tmp_path, name, request):
     """40 steps (several epochs of the smallest datasets, validation every 10), killed at a step drawn at random
     (seeded by the recipe's name and FAULT_SEED, printed on failure), resumed, compared bitwise."""
     seed = os.environ.get("FAULT_SEED", "0")
@@ -90,16 +108,16 @@ def test_a_longer_run_killed_at_a_random_step_resumes_bitwise_equal(tmp_path, na
     kill_at = random.Random(f"{name}/{seed}").randrange(2, steps)
     args = [f"recipe={name}", *SMOKE[name], f"trainer.max_steps={steps}", "trainer.val_check_interval=10",
             "callbacks.checkpoint.every_n_train_steps=1"]
-    full, cut, resumed = tmp_path / "full", tmp_path / "cut", tmp_path / "resumed"
-    ref = _start([*args, f"hydra.run.dir={full}"])
-    killed = _start([*args, *KILL, f"+callbacks.kill.step={kill_at}", f"hydra.run.dir={cut}"])
+    full, cut, resumed, env = tmp_path / "full", tmp_path / "cut", tmp_path / "resumed", _env(request, name)
+    ref = _start([*args, f"hydra.run.dir={full}"], env)
+    killed = _start([*args, *KILL, f"+callbacks.kill.step={kill_at}", f"hydra.run.dir={cut}"], env)
     (code, err), (kcode, kerr) = _finish(ref, timeout=1800), _finish(killed, timeout=1800)
     where = f"(kill at step {kill_at}, FAULT_SEED={seed})"
     assert code == 0, err[-3000:]
     assert kcode == -9, f"not killed by SIGKILL {where} (exit {kcode}):\n{kerr[-3000:]}"
     assert _state(cut / "checkpoints" / "last.ckpt")["global_step"] == kill_at
-    code, err = _finish(_start([*args, f"ckpt_path={cut / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={resumed}"]),
-                        timeout=1800)
+    code, err = _finish(_start([*args, f"ckpt_path={cut / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={resumed}"],
+                               env), timeout=1800)
     assert code == 0, f"{where}\n{err[-3000:]}"
     a, b = _state(full / "checkpoints" / "last.ckpt"), _state(resumed / "checkpoints" / "last.ckpt")
     assert a["global_step"] == b["global_step"] == steps, where

@@ -251,7 +251,15 @@ def test_the_installed_wheel_serves_the_local_hub(installed, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", RECIPES.names())
 def test_the_installed_wheel_runs_every_recipe_at_smoke_size_outside_the_repo(installed, tmp_path, name):
-    proc = run_installed(installed, ["-m", "framework.train", f"recipe={name}", "size=smoke", "hydra.run.dir=run"],
-                         tmp_path)
+    args = ["-m", "framework.train", f"recipe={name}", "size=smoke", "hydra.run.dir=run"]
+    if name == "sft":  # its default model and data are Hub ids: tiny stand-ins under them, on the wheel's own Hub
+        from huggingface_hub import HfApi
+        from support.stand_ins import serve_chat
+
+        with served_hub(installed, tmp_path / "hub") as url:
+            serve_chat(HfApi(endpoint=url, token="dummy"))
+            proc = run_installed(installed, args, tmp_path, HF_ENDPOINT=url, HF_TOKEN="dummy")
+    else:
+        proc = run_installed(installed, args, tmp_path)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "results.json").read_text())["recipe"] == name
