@@ -155,6 +155,9 @@ BAD: dict[tuple[str, str], tuple | None] = {
                         r"model.name=resnet181: timm [\d.]+ has no such model\. Did you mean 'resnet18'"),
     ("data", "images"): (list, {"source": "photos", "val_fraction": 1.5},
                          r"data.val_fraction=1\.5 must be in \(0, 1\)"),
+    # fine-tuning at size (issue 52); qlora's refusal without CUDA: tests/models/test_peft_adapters.py
+    ("peft", "lora"): (list, {"r": 0}, r"peft.r=0 must be a positive integer"),
+    ("peft", "qlora"): (list, {"quant_type": "int3"}, r"peft.quant_type='int3' is invalid; valid: nf4, fp4"),
 }
 
 
@@ -283,7 +286,10 @@ def test_every_job_of_a_sweep_is_checked_before_hydra_starts(tmp_path, capsys):
     assert line.startswith(f"error: hydra.sweep.dir={tmp_path / 'file' / 'sweep'} cannot be created")
 
 
-def test_every_recipe_passes_the_preflight_at_its_default_and_smoke_size(tmp_path):
+def test_every_recipe_passes_the_preflight_at_its_default_and_smoke_size(tmp_path, hub):
+    from support.stand_ins import serve_chat
+
+    serve_chat(hub.api)  # recipe=sft's default model and data are Hub ids: their stand-ins
     for name in KINDS["recipe"].names():
         for extra in ([], SMOKE.get(name, [])):
             preflight([f"recipe={name}", *extra, f"hydra.run.dir={tmp_path / name}"])

@@ -37,6 +37,8 @@ SKIPPED = {
     "generate local-user/mdlm-text": "needs that repo on the Hub; docs/hub.md's walkthrough pushes one the same way",
     "data.source=my_": "the reader's own files (tests/data/test_user_text.py writes such files, trains on them)",
     "data.source=my-org/my-corpus": "the reader's Hub dataset (tests/data/test_user_text.py pushes one locally)",
+    "data.source=books.txt.gz": "the reader's own compressed file (tests/data/test_text_files.py writes compressed "
+                                "text files and reads them as data=text does)",
     "framework.metrics my_images/": "the reader's own image folders (tests/metrics/test_image_cli.py writes such "
                                     "folders, pushes a timm encoder and a Hub image dataset locally, scores them)",
     "timm.create_model('hf-hub:local-user/timm-digits'": "timm itself opening the run's push (README.md's images "

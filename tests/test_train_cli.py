@@ -135,6 +135,7 @@ VARIANTS = {
     "loss": (["recipe=mdlm_baseline"], ["recipe=mdlm_baseline", "loss=mask_agnostic"]),
     "metric": (["recipe=gicdm_eval"], ["recipe=gicdm_eval", "metric=gicdm"]),
     "sampler": (["recipe=data_agent_digits"], ["recipe=data_agent_digits", "sampler=random"]),
+    "peft": (["recipe=char_lm"], ["recipe=char_lm", "peft=lora"]),
     "recipe": (["recipe=char_lm"], ["recipe=olion_char_lm"]),
     "size": (["recipe=char_lm"], ["recipe=char_lm", "size=smoke"]),
 }

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 
 from framework import __version__
 from framework.rundir import RESULTS_NAME, SPEC_NAME
@@ -90,12 +91,15 @@ def numerics(trainer: L.Trainer) -> dict[str, str]:
     """What decided the run's arithmetic: Lightning's precision and OLion's Newton–Schulz dtype (with why)."""
     from framework.optim.ns_dtype import ns_record
 
-    return {"precision": str(trainer.precision), **ns_record(trainer.optimizers)}
+    precision = getattr(trainer, "precision", None)
+    return {**({"precision": str(precision)} if precision is not None else {}),
+            **ns_record(list(getattr(trainer, "optimizers", None) or []))}
 
 
 def parameter_counts(lm: L.LightningModule) -> dict[str, int]:
     """The model's parameters: `trainable` (what the optimizer updates) of `total` (tied weights counted once)."""
-    params = {id(p): p for p in getattr(lm, "model", lm).parameters()}.values()
+    model = getattr(lm, "model", lm)
+    params = {id(p): p for p in (model.parameters() if isinstance(model, torch.nn.Module) else ())}.values()
     return {"trainable": sum(p.numel() for p in params if p.requires_grad), "total": sum(p.numel() for p in params)}
 
 

@@ -235,12 +235,12 @@ def _commit_of(repo_id: str, revision: str | None) -> str | None:
 
 def peft_model(model: nn.Module) -> Any | None:
     """PEFT's wrapper of `model`'s adapters (None without adapters)."""
-    return model.__dict__.get("peft_wrapper")
+    return getattr(model, "__dict__", {}).get("peft_wrapper")
 
 
 def peft_spec(model: nn.Module) -> LoRA | None:
     """The adapters' values (None without adapters)."""
-    return model.__dict__.get("peft_spec")
+    return getattr(model, "__dict__", {}).get("peft_spec")
 
 
 def trainable_line(model: nn.Module) -> str:

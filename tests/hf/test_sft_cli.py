@@ -6,12 +6,15 @@ the pushed adapter continues it and `peft.merge=true` pushes a model that transf
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
+from helpers import REPO, run_cli
 from support.stand_ins import CHAT_MODEL as BASE
 from support.stand_ins import serve_chat
 
@@ -48,17 +51,14 @@ def run_logits(run_dir) -> torch.Tensor:
         return model(torch.tensor(IDS)).float()
 
 
-def sft_lora_run(cli, served, run, repo: str) -> dict:
-    """`recipe=sft optimizer=olion peft=lora` pushed to `repo`; checks the run's record and the pushed files, returns
+def check_sft_lora_run(run, repo: str, served: dict, steps: int) -> dict:
+    """The record of a `recipe=sft optimizer=olion peft=lora` run pushed to `repo` and the files it pushed; returns
     results.json."""
-    proc = cli("recipe=sft", "optimizer=olion", "peft=lora", "peft.r=4", "data.batch_size=2", "trainer.max_steps=3",
-               f"hub.repo_id={repo}", f"hydra.run.dir={run}", env=served["env"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
     log = (run / "train.log").read_text()
     assert "data.seq_len=128: the model's context length (128)" in log  # recipe=sft: the model's, no silent 128
     results = json.loads((run / "results.json").read_text())
     params = results["parameters"]
-    assert 0 < params["trainable"] < params["total"]
+    assert 0 < params["trainable"] < params["total"] and results["global_step"] == steps
     assert f"peft: trainable {params['trainable']:,} of {params['total']:,} parameters" in log
     assert results["numerics"]["ns_dtype"] in ("float32", "bfloat16") and results["numerics"]["ns_dtype_from"]
     assert results["choices"]["optimizer"] == "olion" and results["choices"]["peft"] == "lora"
@@ -73,28 +73,51 @@ def sft_lora_run(cli, served, run, repo: str) -> dict:
     assert "model.safetensors" not in files
     adapter = json.loads(open(hf_hub_download(repo, "adapter_config.json")).read())
     assert adapter["base_model_name_or_path"] == BASE and adapter["revision"] == served["commit"]
-    assert adapter["r"] == 4 and adapter["task_type"] == "CAUSAL_LM"
+    assert adapter["task_type"] == "CAUSAL_LM"
     return results
 
 
-def test_sft_with_lora_pushes_an_adapter_peft_opens_with_the_runs_logits(served, hub, cli, tmp_path):
-    sft_lora_run(cli, served, tmp_path / "run", "local-user/sft-lora")
-    from peft import PeftModel
+def readme_blocks() -> tuple[list[str], str]:
+    """The README's "Fine-tune a chat model" section: its bash lines and its python block."""
+    text = (REPO / "README.md").read_text().split("## Fine-tune a chat model", 1)[1]
+    text = re.split(r"^## ", text, maxsplit=1, flags=re.M)[0]
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.M | re.S)
+    bash = [line for kind, code in blocks if kind == "bash" for line in code.splitlines() if line.strip()]
+    (python,) = [code for kind, code in blocks if kind == "python"]
+    return bash, python
+
+
+def test_the_readme_fine_tune_lines_run_as_printed_and_peft_opens_the_runs_adapter(served, hub, tmp_path):
+    """The README's command as printed (FRAMEWORK_SMOKE=1: the recipe's smoke size, as the README's other lines are
+    run), then its Python block, whose PEFT model gives the run's logits."""
+    (line,), python = readme_blocks()
+    argv = shlex.split(line)
+    assert argv[:3] == ["python", "-m", "framework.train"]
+    repo = next(a.split("=", 1)[1] for a in argv if a.startswith("hub.repo_id="))
+    proc = run_cli(*argv[3:], env={**served["env"], "FRAMEWORK_SMOKE": "1"}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = (tmp_path / "outputs" / "train").iterdir()
+    check_sft_lora_run(run, repo, served, steps=4)
+    scope: dict = {}
+    exec(compile(python, "README.md", "exec"), scope)  # noqa: S102 - the README's block, as a reader runs it
+    with torch.no_grad():
+        theirs = scope["model"].eval()(torch.tensor(IDS)).logits
+    ours = run_logits(run)
+    torch.testing.assert_close(theirs.float(), ours, rtol=1e-4, atol=1e-5)
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(BASE)
     with torch.no_grad():
-        before = base(torch.tensor(IDS)).logits
-        theirs = PeftModel.from_pretrained(base, "local-user/sft-lora").eval()(torch.tensor(IDS)).logits
-    ours = run_logits(tmp_path / "run")
-    torch.testing.assert_close(theirs.float(), ours, rtol=1e-4, atol=1e-5)
+        before = AutoModelForCausalLM.from_pretrained(BASE)(torch.tensor(IDS)).logits
     assert not torch.allclose(before, ours, atol=1e-4)  # the adapter changed something
 
 
-@pytest.mark.slow  # two CLI runs and two fresh processes (~40 s); make test opens the adapter in process, above
+@pytest.mark.slow  # two CLI runs, two fresh processes (~25 s); make test runs the README's line and opens it, above
 def test_the_round_trip_in_fresh_processes_init_from_the_adapter_and_a_merged_push(served, hub, cli, tmp_path):
     run = tmp_path / "run"
-    first = sft_lora_run(cli, served, run, "local-user/sft-lora-2")
+    proc = cli("recipe=sft", "optimizer=olion", "peft=lora", "peft.r=4", "data.batch_size=2", "trainer.max_steps=3",
+               "hub.repo_id=local-user/sft-lora-2", f"hydra.run.dir={run}", env=served["env"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first = check_sft_lora_run(run, "local-user/sft-lora-2", served, steps=3)
     theirs = fresh(f"""
         import json, torch
         from peft import PeftModel

@@ -42,6 +42,7 @@ def test_init_config_records_plain_constructor_values_and_rebuilds_the_same_shap
     assert model.init_config == {
         "vocab_size": 50, "dim": 32, "depth": 2, "heads": 4, "kv_heads": 2, "mlp_ratio": 4.0,
         "max_seq_len": 1024, "causal": True, "dropout": 0.0, "tie_embeddings": True, "init": "gpt2",
+        "gradient_checkpointing": False,
     }
     clone = TransformerLM(**model.init_config)
     assert {k: v.shape for k, v in clone.state_dict().items()} == {k: v.shape for k, v in model.state_dict().items()}
