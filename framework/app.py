@@ -53,7 +53,7 @@ DEFAULTS = [
     {"recipe": None},  # a recipe overrides the choices above; None lets `recipe=NAME` go without '+'
     {"size": "cpu"},  # conf/size/: cpu (the recipe's own values), smoke, gpu; after the recipe, so it wins
     {"optional preset": "${recipe}/${size}"},  # conf/preset/RECIPE/SIZE.yaml: that recipe's values for the size
-    {"optional lr": "${recipe}/${optimizer}/${peft}"},  # the recipe's lr for this optimizer and peft (None: none)
+    {"optional lr": "${recipe}__${optimizer}__${peft}"},  # the recipe's lr for this optimizer and peft (None: none)
     {"override hydra/job_logging": "framework"},  # conf/hydra/job_logging/framework.yaml
 ]
 

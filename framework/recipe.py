@@ -60,7 +60,8 @@ def recipe(
     register_recipe(name, cfg, description)
     for key, lr in (lrs or {}).items():
         optimizer, _, peft = key.partition("+")
-        _store(f"lr/{name}/{optimizer}/{peft or 'None'}", OmegaConf.create({"optimizer": {"lr": float(lr)}}))
+        # one flat group (Hydra's --help lists every group at a cost each): lr/RECIPE__OPTIMIZER__PEFT
+        _store(f"lr/{name}__{optimizer}__{peft or 'None'}", OmegaConf.create({"optimizer": {"lr": float(lr)}}))
     return cfg
 
 

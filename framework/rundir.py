@@ -1,8 +1,9 @@
 """A trained model on disk: the run dir of `python -m framework.train` (or of `python -m framework.grow --out`).
 
-The one place that knows the layout: `model_config.json` (the model's registry name and constructor values, and a
-masked diffusion model's [MASK] id), `results.json`, and `checkpoints/last.ckpt` (a Lightning checkpoint holding
-the backbone as `model.*`, its EMA copy as `ema.*`, LoRA adapters as `*.lora_*`, and the grown architecture under
+The one place that knows the layout: `model_config.json` (the model's registry name and constructor values, a
+masked diffusion model's [MASK] id and the adapters' values, `peft`), `results.json`, and `checkpoints/last.ckpt` (a
+Lightning checkpoint holding the backbone as `model.*`, its EMA copy as `ema.*`, LoRA adapters as PEFT's layers
+(`*.base_layer.*`, `*.lora_A.default.*`: `state()` folds them in) and the grown architecture under
 `orthogonal_growth` when it grew). Checkpoints are read with `weights_only=True`: nothing is unpickled. Building a
 model is the caller's: it passes `build(name, config)` (the catalog's at the entry points) or a class.
 """
@@ -77,7 +78,7 @@ def backbone_state(raw: dict[str, Any], ckpt_path: str | Path, ema: bool = False
             raise ValueError(f"{ckpt_path} has no EMA weights (trained with module.ema_decay=0); drop --ema")
     elif any(k.startswith("model.") for k in state):  # a LightningModule's keys: keep its backbone `.model`
         state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
-    if any("lora_" in k for k in state):  # a LoRA fine-tune: fold the adapters into plain weights
+    if any(k.endswith(".lora_A") for k in state):  # the framework's own LoRA of earlier versions: fold it in
         from framework.models.lora import merge_lora_state
 
         state = merge_lora_state(state)

@@ -29,6 +29,7 @@ def test_an_mdlm_run_records_its_appended_mask_id_next_to_the_model(run_dir):
     assert spec["mask_id"] == 256 and spec["config"]["vocab_size"] == 257 and spec["config"]["causal"] is False
 
 
+@pytest.mark.slow  # a fresh process (~7 s); make test runs the same `main` in process (below)
 def test_cli_prints_the_prompt_followed_by_generated_text(run_dir):
     proc = run_cli(str(run_dir), "--prompt", "Hello", "--length", "16", "--steps", "8", module="framework.generate",
                    timeout=300)
@@ -110,10 +111,11 @@ def test_lora_fine_tune_from_init_from_trains_adapters_only_and_generates(run_di
     assert proc.returncode == 0, proc.stderr[-3000:]
     base = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     tuned = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    plain = [k for k in tuned if k.startswith("model.") and "lora_" not in k]
+    # PEFT's layers: each adapted layer's frozen weight under `base_layer`, its adapters beside it
+    plain = {k.replace(".base_layer.", "."): k for k in tuned if k.startswith("model.") and ".lora_" not in k}
     assert sorted(plain) == sorted(k for k in base if k.startswith("model."))
-    assert all(torch.equal(tuned[k], base[k]) for k in plain)  # frozen: the pretrained weights are untouched
-    assert any(tuned[k].abs().sum() > 0 for k in tuned if k.endswith("lora_B"))
+    assert all(torch.equal(tuned[k], base[p]) for p, k in plain.items())  # frozen: the pretrained weights untouched
+    assert any(tuned[k].abs().sum() > 0 for k in tuned if ".lora_B." in k)
     model, mask_id = load_generator(str(tmp_path))  # the adapters are merged into a plain model on load
     assert not torch.equal(model.blocks[0].attn.q.weight, base["model.blocks.0.attn.q.weight"])
     assert generate_text(model, "Hi", 8, 8, mask_id=mask_id).startswith("Hi")

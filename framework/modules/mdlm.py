@@ -3,7 +3,9 @@
 The extra loss (e.g. the mask-agnostic loss) switches on at `extra_loss_after` steps, so one run can
 pretrain and then fine-tune; or the run starts from a pretrained model (`init_from=...` on the CLI).
 Evaluation uses EMA weights when `ema_decay > 0` (MDLM's default practice). `lora_rank > 0` fine-tunes
-LoRA adapters only (`framework.models.lora`), added in `setup`, i.e. after `init_from` weights are loaded.
+PEFT's LoRA adapters only (`framework.models.peft_adapters`; the same as `peft=lora` with `peft.r=lora_rank`,
+`peft.alpha=lora_alpha`, `peft.target_modules=lora_targets`, no dropout), added in `setup`, i.e. after `init_from`
+weights are loaded.
 """
 
 from __future__ import annotations
@@ -126,10 +128,11 @@ class MDLMModule(TrainModule):
         if self._prepared:
             return
         self._prepared = True
-        if self.lora_rank > 0:
-            from framework.models.lora import apply_lora
+        from framework.models.peft_adapters import LoRA, attach, peft_spec
 
-            apply_lora(self.model, self.lora_rank, self.lora_alpha, self.lora_targets)
+        if self.lora_rank > 0 and peft_spec(self.model) is None:  # `peft=lora` may have attached them already
+            attach(self.model, LoRA(r=self.lora_rank, alpha=self.lora_alpha, dropout=0.0,
+                                    target_modules=list(self.lora_targets)))
         if self.ema is not None:
             self.ema = copy.deepcopy(self.model).requires_grad_(False)
 
