@@ -14,6 +14,8 @@ recipe(
     scheduler={"warmup_steps": 10},
     trainer={"max_steps": 200, "val_check_interval": 50, "limit_val_batches": 20, "gradient_clip_val": 1.0,
              "precision": "auto"},
-    lrs={"adamw": 2e-5, "lion": 2e-6, "olion": 2e-5, "muon": 2e-4,
-         "adamw+lora": 2e-4, "lion+lora": 2e-5, "olion+lora": 2e-4, "muon+lora": 2e-3},
+    # AdamW's are TRL's (2e-5 full, ten times that for adapters); Lion's a tenth of AdamW's (its authors' advice for a
+    # sign update); OLion's three times AdamW's (the low end of the start docs/olion.md measures); Muon's as AdamW's
+    lrs={"adamw": 2e-5, "lion": 2e-6, "olion": 6e-5, "muon": 2e-5,
+         "adamw+lora": 2e-4, "lion+lora": 2e-5, "olion+lora": 6e-4, "muon+lora": 2e-4},
 )

@@ -64,7 +64,7 @@ def check_sft_lora_run(run, repo: str, served: dict, steps: int) -> dict:
     assert results["choices"]["optimizer"] == "olion" and results["choices"]["peft"] == "lora"
     from omegaconf import OmegaConf
 
-    assert OmegaConf.load(run / ".hydra" / "config.yaml").optimizer.lr == 2e-4  # the recipe's lr for olion+lora
+    assert OmegaConf.load(run / ".hydra" / "config.yaml").optimizer.lr == 6e-4  # the recipe's lr for olion+lora
     from huggingface_hub import HfApi, hf_hub_download
 
     api = HfApi(endpoint=served["env"]["HF_ENDPOINT"], token="dummy")
