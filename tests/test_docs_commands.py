@@ -36,6 +36,7 @@ SKIPPED = {
     "runs/mdlm-text/checkpoints/step000200.ckpt": "needs the full-size run's step-200 checkpoint (smoke runs 4 steps)",
     "generate local-user/mdlm-text": "needs that repo on the Hub; docs/hub.md's walkthrough pushes one the same way",
     "data.source=my_": "the reader's own files (tests/data/test_user_text.py writes such files, trains on them)",
+    "data.source='my_": "the reader's own files, by a quoted glob (tests/data/test_sources.py reads such globs)",
     "data.source=my-org/my-corpus": "the reader's Hub dataset (tests/data/test_user_text.py pushes one locally)",
     "data.source=books.txt.gz": "the reader's own compressed file (tests/data/test_text_files.py writes compressed "
                                 "text files and reads them as data=text does)",
