@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 
 from framework import __version__
+from framework.models.peft_adapters import parameter_counts
 from framework.rundir import RESULTS_NAME, SPEC_NAME
 
 #: the run's own log lines (the summary): Hydra's job log file gets them (see `framework.console`)
@@ -57,7 +57,7 @@ class RunRecord(L.Callback):
             "command": self.command,
             "framework_version": __version__,
             "numerics": numerics(trainer),
-            "parameters": parameter_counts(lm),
+            "parameters": parameter_counts(getattr(lm, "model", lm)),
             **data_record(trainer),
         }
         if trainer.is_global_zero:
@@ -94,13 +94,6 @@ def numerics(trainer: L.Trainer) -> dict[str, str]:
     precision = getattr(trainer, "precision", None)
     return {**({"precision": str(precision)} if precision is not None else {}),
             **ns_record(list(getattr(trainer, "optimizers", None) or []))}
-
-
-def parameter_counts(lm: L.LightningModule) -> dict[str, int]:
-    """The model's parameters: `trainable` (what the optimizer updates) of `total` (tied weights counted once)."""
-    model = getattr(lm, "model", lm)
-    params = {id(p): p for p in (model.parameters() if isinstance(model, torch.nn.Module) else ())}.values()
-    return {"trainable": sum(p.numel() for p in params if p.requires_grad), "total": sum(p.numel() for p in params)}
 
 
 def numbers(values: dict[str, Any], prefix: str = "", suffix: str = "") -> dict[str, float]:

@@ -243,10 +243,17 @@ def peft_spec(model: nn.Module) -> LoRA | None:
     return getattr(model, "__dict__", {}).get("peft_spec")
 
 
+def parameter_counts(model: Any) -> dict[str, int]:
+    """`{"trainable", "total"}` parameters of `model` (what the optimizer updates, of all; `parameters()` yields
+    tied weights once); zeros for something that is no module."""
+    params = list(model.parameters()) if isinstance(model, nn.Module) else []
+    return {"trainable": sum(p.numel() for p in params if p.requires_grad), "total": sum(p.numel() for p in params)}
+
+
 def trainable_line(model: nn.Module) -> str:
-    """`trainable N of M parameters (P%)`: what the optimizer updates, of all (tied weights once)."""
-    params = list(model.parameters())
-    trainable, total = sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+    """`trainable N of M parameters (P%)` (`parameter_counts`)."""
+    counts = parameter_counts(model)
+    trainable, total = counts["trainable"], counts["total"]
     return f"trainable {trainable:,} of {total:,} parameters ({100 * trainable / max(total, 1):.3g}%)"
 
 
@@ -303,5 +310,5 @@ def merged_state(state: dict[str, Tensor], record: dict[str, Any], adapter: str 
 
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "ALL_LINEAR", "LoRA", "PEFT_KEY", "QLoRA", "adapter_target", "attach",
-           "is_adapter_source", "is_peft_state", "linear_layers", "merged_state", "peft_model", "peft_spec",
-           "trainable_line"]
+           "is_adapter_source", "is_peft_state", "linear_layers", "merged_state", "parameter_counts", "peft_model",
+           "peft_spec", "trainable_line"]
