@@ -8,6 +8,7 @@ A batch is a tensor of token ids (batch, seq), every token after the first a tar
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -17,9 +18,11 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
 from framework.modules.base import TrainModule
+from framework.modules.head_loss import HeadSkipped, head_token_losses, head_width, is_sharded
 from framework.samplers.reward import uncertainty
 
 Batch = Tensor | dict[str, Tensor]
+log = logging.getLogger(__name__)
 
 
 def supervised_labels(batch: dict[str, Tensor]) -> Tensor:
@@ -97,29 +100,40 @@ class CausalLM(TrainModule):
     `token_stats` (`token_stats`: the per-row means its reward is built from) in place of per-token logits.
     """
 
-    def __init__(self, model, optimizer=None, scheduler=None, vocab_size: int | None = None, prompt_length: int = 0):
-        """`prompt_length > 0` scores only the tokens after each row's first `prompt_length` (prompt masking)."""
+    def __init__(self, model, optimizer=None, scheduler=None, vocab_size: int | None = None, prompt_length: int = 0,
+                 chunked_loss: bool = True):
+        """`prompt_length > 0` scores only the tokens after each row's first `prompt_length` (prompt masking).
+        `chunked_loss`: take the CE from the output head's input, the logits built at the supervised positions a few
+        rows at a time and rebuilt in the backward pass (`framework.modules.head_loss`), so the whole (batch, seq,
+        vocab) logits and their gradient are never held; where the model changes its head's output (or FSDP shards
+        the head), the logits are taken whole as with `chunked_loss=False`."""
         super().__init__(model, optimizer, scheduler, **({"vocab_size": vocab_size} if vocab_size else {}))
         if prompt_length < 0:
             raise ValueError(f"prompt_length={prompt_length} must be >= 0 (0 scores every token)")
         self.prompt_length = int(prompt_length)
+        self.chunked_loss = bool(chunked_loss)
+        self._head_takes: bool | None = None  # whether the model's output is its head's (found on the first batch)
         self.val_nll = MeanMetric()
 
-    def predictions(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """The logits that predict and their targets (batch, seq − 1[, vocab]); targets -100 where no loss is taken."""
+    def _outputs(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """The model's outputs at the positions that predict (batch, seq − 1[, vocab]) and their targets."""
         if isinstance(batch, Tensor):
-            targets, logits = batch[:, 1:], self.model(batch[:, :-1])
+            targets, out = batch[:, 1:], self.model(batch[:, :-1])
         else:
             kwargs = {}
             if batch.get("position_ids") is not None:
                 kwargs["position_ids"] = batch["position_ids"]
             if batch.get("attention_mask") is not None:
                 kwargs["key_padding_mask"] = batch["attention_mask"].bool()
-            targets, logits = supervised_labels(batch)[:, 1:], self.model(batch["input_ids"], **kwargs)[:, :-1]
+            targets, out = supervised_labels(batch)[:, 1:], self.model(batch["input_ids"], **kwargs)[:, :-1]
         if self.prompt_length > 1:
             targets = targets.clone()
             targets[:, : self.prompt_length - 1] = -100
-        return logits, targets
+        return out, targets
+
+    def predictions(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """The logits that predict and their targets (batch, seq − 1[, vocab]); targets -100 where no loss is taken."""
+        return self._outputs(batch)
 
     @staticmethod
     def token_losses(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -127,23 +141,48 @@ class CausalLM(TrainModule):
         tokens = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="none")
         return tokens.view(targets.shape), targets != -100
 
+    def scored(self, batch: Batch, features: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Each token's CE and the supervised mask (`token_losses`), chunked where it applies (`chunked_loss`), and
+        with `features` the final hidden states at the same positions (detached; None without)."""
+        head = output_head(self.model) if self.chunked_loss and self._head_takes is not False else None
+        if head is not None and head_width(head) and not is_sharded(head):
+            with HeadSkipped(head) as skipped:
+                out, targets = self._outputs(batch)
+            if skipped.took(out):
+                self._head_takes = True
+                hidden = skipped.hidden[:, : targets.shape[1]]
+                return head_token_losses(head, hidden, targets), targets != -100, hidden.detach()
+            self._head_takes = False
+            log.info("chunked_loss: %s changes its output head's logits, so they are taken whole",
+                     type(self.model).__name__)
+        with HeadInput(self.model, features) as taken:
+            tokens, scored = self.token_losses(*self._outputs(batch))
+        hidden = taken.hidden
+        return tokens, scored, None if hidden is None else hidden[:, : tokens.shape[1]]
+
     def loss(self, batch: Batch) -> Tensor:
         """The batch's token-weighted mean next-token CE."""
-        tokens, scored = self.token_losses(*self.predictions(batch))
+        tokens, scored, _ = self.scored(batch)
         return tokens.sum() / scored.sum().clamp_min(1)
 
     def per_sample_loss(self, batch: Batch) -> Tensor:
         """Each row's mean next-token CE over its supervised tokens (0 for a row with none)."""
-        tokens, scored = self.token_losses(*self.predictions(batch))
+        tokens, scored, _ = self.scored(batch)
         return tokens.sum(1) / scored.sum(1).clamp_min(1)
 
     def training_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
         """Next-token CE (logged as `train/loss`) plus the model's auxiliary loss if any (`train/aux_loss`), with the
         rows' `per_sample_loss` and, for a selection policy that reads them, `features` and `token_stats`."""
         needs = self._selection_needs()
-        with HeadInput(self.model, "features" in needs) as head:
-            logits, targets = self.predictions(batch)
-        tokens, scored = self.token_losses(logits, targets)
+        stats = None
+        if needs & {"logits", "targets"}:  # the policy reads every logit: they are built whole
+            with HeadInput(self.model, "features" in needs) as taken:
+                logits, targets = self._outputs(batch)
+            tokens, scored = self.token_losses(logits, targets)
+            hidden = None if taken.hidden is None else taken.hidden[:, : targets.shape[1]]
+            stats = token_stats(logits, targets)
+        else:
+            tokens, scored, hidden = self.scored(batch, "features" in needs)
         counts = scored.sum(1)
         losses = tokens.sum(1) / counts.clamp_min(1)
         loss = tokens.sum() / counts.sum().clamp_min(1)
@@ -153,11 +192,10 @@ class CausalLM(TrainModule):
             self.log("train/aux_loss", aux.detach())
             loss = loss + aux
         out = {"loss": loss, "per_sample_loss": losses}
-        if head.hidden is not None:  # the hidden states that made the logits, at the same positions
-            hidden = head.hidden[:, : targets.shape[1]].float() * scored[..., None]
-            out["features"] = hidden.sum(1) / counts.clamp_min(1)[:, None]
-        if needs & {"logits", "targets"}:
-            out["token_stats"] = token_stats(logits, targets)
+        if hidden is not None and "features" in needs:  # the hidden states that made the logits, same positions
+            out["features"] = (hidden.float() * scored[..., None]).sum(1) / counts.clamp_min(1)[:, None]
+        if stats is not None:
+            out["token_stats"] = stats
         return out
 
     def _selection_needs(self) -> set[str]:
@@ -168,7 +206,7 @@ class CausalLM(TrainModule):
         return {key for cb in self.trainer.callbacks for key in getattr(getattr(cb, "policy", None), "needs", ())}
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        tokens, scored = self.token_losses(*self.predictions(batch))
+        tokens, scored, _ = self.scored(batch)
         count = scored.sum()
         self.val_nll.update(tokens.sum() / count.clamp_min(1), weight=count.float())
         self.log("val/loss", self.val_nll, prog_bar=True)
