@@ -186,7 +186,8 @@ class CausalLM(TrainModule):
         counts = scored.sum(1)
         losses = tokens.sum(1) / counts.clamp_min(1)
         loss = tokens.sum() / counts.sum().clamp_min(1)
-        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/loss", loss.detach(), prog_bar=True)
+        loss = tokens.sum() / self._shared_count(counts.sum())
         aux = self.pop_model_aux_loss()
         if aux is not None:
             self.log("train/aux_loss", aux.detach())
@@ -197,6 +198,18 @@ class CausalLM(TrainModule):
         if stats is not None:
             out["token_stats"] = stats
         return out
+
+    def _shared_count(self, count: Tensor) -> Tensor:
+        """What this rank's CE sum is divided by, so that the data-parallel mean of the ranks' gradients is the
+        gradient of the global batch's token-weighted mean: the supervised tokens of every rank over the world size
+        (one all-reduce of a number; rows with more supervised tokens on one rank weigh as they would in one
+        process). This rank's own count outside a distributed fit."""
+        world = self.trainer.world_size if self._trainer is not None else 1
+        if world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            count = count.detach().float().clone()
+            torch.distributed.all_reduce(count)
+            return count.clamp_min(1) / world
+        return count.clamp_min(1)
 
     def _selection_needs(self) -> set[str]:
         """The per-sample fields a data-selection policy of this fit reads (a callback's `policy.needs`, e.g. the

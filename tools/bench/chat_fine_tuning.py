@@ -1,16 +1,16 @@
 """OLion against AdamW on a chat fine-tune, with LoRA adapters and in full: held-out loss at equal steps, 3 seeds.
 
-A byte-level Llama (hidden 128, 4 layers, 8 query / 2 KV heads) is pretrained with AdamW on CPython's documentation
-prose, then fine-tuned on a chat set built from the standard library itself: the user asks what a function or class
-does ("What does `json.dumps` do?"), the assistant answers with the first sentence of its docstring, rendered in
-ChatML's layout with the loss on the assistant's answer only (the framework's `causal_lm` module, labels -100
-elsewhere). Every tenth question (in name order) is held out. Four ways to fine-tune, the same steps and batches:
-LoRA (PEFT, r 8, alpha 16, every linear layer but the head) with AdamW or OLion, and every parameter with AdamW or
-OLion. Each way runs at every lr of its grid over 3 seeds (the seed draws the batches, the adapters' init and any
-dropout); its row is the lr with the lowest mean held-out loss, mean ± std over the seeds, in nats per answer byte.
-A best on the grid's edge adds an lr past it (up to two); a best still on an edge is marked so.
+A byte-level Llama (hidden 128, 4 layers, 8 query / 2 KV heads) is pretrained with AdamW (600 steps) on CPython's
+documentation prose, then fine-tuned on a chat set built from the standard library itself: the user asks what a
+function or class does ("What does `json.dumps` do?"), the assistant answers with the first sentence of its
+docstring, rendered in ChatML's layout with the loss on the assistant's answer only (the framework's `causal_lm`
+module, labels -100 elsewhere). Every tenth question (in name order) is held out. Four ways to fine-tune, the same
+steps and batches (150 steps of 8 rows): LoRA (PEFT, r 8, alpha 16, every linear layer but the head) with AdamW or
+OLion, and every parameter with AdamW or OLion. Each way runs at every lr of its grid over 3 seeds (the seed draws
+the batches and the adapters' init); its row is the lr with the lowest mean held-out loss, mean ± std over the
+seeds, in nats per answer byte. A best on the grid's edge adds an lr past it (once); one still on an edge is marked.
 
-    python tools/bench/chat_fine_tuning.py [--quick] [--steps 200] [--threads 2]
+    python tools/bench/chat_fine_tuning.py [--quick] [--steps 150] [--threads 2]
 """
 
 from __future__ import annotations
@@ -163,12 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one seed, one lr per way, few steps")
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     load_catalog()
-    pre_steps, steps, seeds, batch = (40, 10, [0], 8) if args.quick else (800, args.steps, [0, 1, 2], 16)
+    pre_steps, steps, seeds, batch = (40, 10, [0], 8) if args.quick else (600, args.steps, [0, 1, 2], 8)
     pairs = chat_pairs()
     rows = [render(q, a) for q, a in pairs]
     held, train_rows = rows[::10], [r for i, r in enumerate(rows) if i % 10]
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 losses.append(held_out_loss(module, held))
             return statistics.mean(losses), statistics.stdev(losses) if len(losses) > 1 else 0.0
 
-        best, grid, results = best_on_grid(score, grid[1:2] if args.quick else grid, 0 if args.quick else 2)
+        best, grid, results = best_on_grid(score, grid[1:2] if args.quick else grid, 0 if args.quick else 1)
         edge = " (grid edge)" if len(grid) > 1 and best in (grid[0], grid[-1]) else ""
         mean, std = results[best]
         print(f"| {way} | {trainable[0]:,} | {', '.join(f'{v:g}' for v in grid)} | {best:g}{edge} | "
