@@ -319,8 +319,8 @@ def check_init_from(source: str) -> None:
     except FileNotFoundError as err:
         raise PreflightError(f"init_from={source}: {err}") from None
     if resolved.kind == "run_dir":
-        if not (Path(source) / LAST_CHECKPOINT).is_file():
-            raise PreflightError(f"init_from={source}: the run dir has no {LAST_CHECKPOINT}")
+        if not any((Path(source) / name).is_file() for name in (LAST_CHECKPOINT, "adapter_config.json")):
+            raise PreflightError(f"init_from={source}: the run dir has no {LAST_CHECKPOINT} (nor is it a PEFT adapter)")
         return
     if resolved.is_local:
         return

@@ -92,7 +92,9 @@ class CausalLM(TrainModule):
     """Trains any tokens→logits model on next-token prediction; logs `val/bpb` (bits per token: per byte for byte data).
 
     The loss is token-weighted: the CE summed over every supervised token of the batch over their count (a row with
-    more supervised tokens weighs more; `val/loss` and `val/bpb` alike over the whole validation set). The rows' own
+    more supervised tokens weighs more; `val/loss` and `val/bpb` alike over the whole validation set). Under DDP or
+    FSDP2 the count is the global batch's, so N ranks train as one process on their rows together would; gradient
+    accumulation still weighs each micro-batch by its own count. The rows' own
     losses, each row's mean over its supervised tokens (0 for a row with none), go out as `per_sample_loss`, what a
     data-selection policy (`sampler=`) reads and weighs. A policy that reads `features` and `logits` (the Data
     Agent) gets a language model's per-row view of both: `features`, each row's final hidden state (the output

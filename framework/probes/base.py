@@ -176,6 +176,7 @@ class HeadProbe(TrainModule):
         return now.shape == self._init_fingerprint.shape and bool(torch.equal(now, self._init_fingerprint))
 
     def on_fit_start(self) -> None:
+        self.model.requires_grad_(False)  # adapters an `init_from=` attached (PEFT marks them trainable) stay as loaded
         if self.pretrain_steps and self.base_is_untouched():
             data = self.trainer.datamodule
             if not hasattr(data, "pretrain_dataloader"):

@@ -202,3 +202,39 @@ def test_rlkv_on_a_model_fine_tuned_on_the_chat_file_matches_held_out_completion
     assert metrics["val/acc_full"] >= 0.9 and metrics["train/reward"] > 0.5, metrics
     assert metrics["train/penalty_weight"] > 0 and metrics["val/gate_mean"] < 1.0
     assert metrics["val/acc_s0.5"] > initial["val/acc_s0.5_init"] + 0.3, (metrics, initial)
+
+
+@pytest.mark.slow  # a CLI probe run (~15 s); tests/hf/test_peft_serving.py checks gates and the mixed cache in process
+def test_rlkv_probes_a_lora_fine_tuned_model_given_by_its_adapter_and_leaves_the_adapter_as_saved(cli, tmp_path):
+    """`init_from=<a PEFT adapter folder>` on its base (a folder PEFT's `save_pretrained` wrote): the probe runs on
+    the adapted model (the log says so), writes its allocation, and the checkpoint holds the adapter's weights exactly
+    as saved: only the gates train."""
+    from safetensors.torch import load_file
+
+    from framework.models.hf import HFCausalLM
+    from framework.models.peft_adapters import LoRA, attach
+    from framework.probes.allocation import HeadAllocation
+
+    args = probe_args(tmp_path, "rlkv")
+    base = next(a.split("=", 1)[1] for a in args if a.startswith("model.name_or_path="))
+    model = HFCausalLM(name_or_path=base)
+    wrapper = attach(model, LoRA(r=4, alpha=8.0, dropout=0.0))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
+    wrapper.save_pretrained(str(tmp_path / "adapter"))
+    saved = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    run = tmp_path / "run"
+    proc = cli(*args, f"init_from={tmp_path / 'adapter'}", f"hydra.run.dir={run}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"peft: continuing the adapter {tmp_path / 'adapter'} with its own values (r=4" in (run / "train.log"
+                                                                                               ).read_text()
+    assert HeadAllocation.load(run).shape == (2, 2)
+    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    lora = {k: v for k, v in state.items() if "lora_" in k}
+    assert len(lora) == len(saved) > 0
+    for key, value in saved.items():  # PEFT's file drops the adapter name: `...lora_A.weight`
+        (match,) = [v for k, v in lora.items() if k.endswith(key.replace("base_model.model.", "").replace(
+            ".weight", ".default.weight"))]
+        assert torch.equal(match, value), key
