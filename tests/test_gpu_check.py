@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-KINDS = {"recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2", "draws", "hf", "images"}
+KINDS = {"recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2", "draws", "hf", "images", "fine_tuning"}
 
 
 def gpu_check(*args: str) -> subprocess.CompletedProcess:
@@ -92,6 +92,17 @@ def test_the_hf_check_runs_transformers_models_on_the_device_it_is_given(tmp_pat
     spec.loader.exec_module(tool)  # as tests/test_bench_runner.py loads its tool
     result = tool.check_hf(tool.Plan("cpu", True, tmp_path, 60.0, 1, cuda=False))
     assert "bytes = theory" in result and "Mixtral 2->4 layers, 4->16 experts" in result
+
+
+def test_the_fine_tuning_check_compares_the_chunked_loss_and_refuses_qlora_on_a_cpu(tmp_path):
+    """The `fine_tuning` row in process on the CPU: the chunked loss against the whole logits' under bf16 autocast,
+    and `peft=qlora` refused by name (on a GPU the row trains QLoRA's adapters and runs the bench's quick size)."""
+    pytest.importorskip("peft")
+    spec = importlib.util.spec_from_file_location("gpu_check_tool", REPO / "tools" / "gpu_check.py")
+    tool = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    result = tool.check_fine_tuning(tool.Plan("cpu", True, tmp_path, 60.0, 1, cuda=False))
+    assert "chunked vs whole loss" in result and "peft=qlora refused: peft=qlora loads the base model in 4 bits" in result
 
 
 @pytest.mark.slow  # 41 s on 2 busy cores; make test reads images through timm in tests/data/test_images.py and

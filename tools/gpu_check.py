@@ -8,8 +8,11 @@ and on the CPU (mdlm_mask_agnostic's recipe check also needs its extra loss to h
 on the device (the mixed KV cache inside generate() against the hard-gated forward, a gated backward, a Mixtral
 grown in place keeping its function), then the methods' recipes on tiny transformers configs at size=smoke in
 bf16-mixed; images: the metrics CLI's timm feature extraction on the device (fp32 against the CPU's, bf16 autocast
-against fp32) from a folder of PNG files, then `data=images model=timm` trained at size=smoke in bf16-mixed. A
-failing check is a row with ok = no and its last error line; exit 1 if any.
+against fp32) from a folder of PNG files, then `data=images model=timm` trained at size=smoke in bf16-mixed;
+fine_tuning: the chunked loss against the whole logits' under bf16 autocast on the device, `peft=qlora` (a 4-bit
+base from a saved folder, 3 steps of its adapters; refused by name on a CPU), and tools/bench/fine_tuning.py --quick
+(ours against TRL at tiny shapes, bf16; its table in fine_tuning.md; not on a CPU). A failing check is a row with
+ok = no and its last error line; exit 1 if any.
 
     python tools/gpu_check.py                            # on a lent GPU; the table also goes to runs/gpu_check/table.md
     python tools/gpu_check.py --device cpu --reduced     # the CPU-sized variant (about a minute on 2 cores)
@@ -41,7 +44,7 @@ import kv_cache as bench  # noqa: E402  (tools/bench/kv_cache.py: its model, win
 from framework.optim.newton_schulz import newton_schulz5  # noqa: E402
 from framework.serving.kv_cache import MixedKVCache, kv_fraction, theoretical_speedup  # noqa: E402
 
-CHECKS = ["recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2", "draws", "hf", "images"]
+CHECKS = ["recipes", "flagship", "newton_schulz", "kv_decode", "fsdp2", "draws", "hf", "images", "fine_tuning"]
 REDUCED_RECIPES = ["char_lm", "data_agent_digits"]
 #: a metric a recipe's results must hold: the part the check is for ran (the flagship's extra loss starts at step 2
 #: of 4 at size=smoke, drawing on the step's generator on the device)
@@ -400,6 +403,63 @@ def check_images(plan: Plan) -> str:
             f"bf16 {bf16:.4f}")
 
 
+def check_fine_tuning(plan: Plan) -> str:
+    """The chunked loss and its gradients against the whole logits' under bf16 autocast; QLoRA's adapters training
+    on a 4-bit base (CUDA), or its refusal naming the reason (CPU); the fine-tuning bench at its quick size (CUDA)."""
+    from framework.models.hf import HFCausalLM
+    from framework.models.peft_adapters import QLoRA, attach
+    from framework.modules.causal_lm import CausalLM
+
+    dev = torch.device(plan.device)
+    torch.manual_seed(0)
+    model = HFCausalLM(config={"model_type": "llama", **HF_DIMS}, vocab_size=512).to(dev)
+    ids = torch.randint(3, 512, (2, 64), generator=torch.Generator().manual_seed(0)).to(dev)
+    batch = {"input_ids": ids, "labels": torch.where(torch.arange(64, device=dev) < 20, -100, ids)}
+    grads = []
+    for chunked in (True, False):
+        model.zero_grad()
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            loss = CausalLM(model, chunked_loss=chunked).loss(batch)
+        loss.backward()
+        grads.append((loss.detach().float(), torch.cat([p.grad.float().flatten() for p in model.parameters()])))
+    loss_gap = (grads[0][0] - grads[1][0]).abs().item()
+    grad_gap = ((grads[0][1] - grads[1][1]).norm() / grads[1][1].norm()).item()
+    if loss_gap > 1e-2 or grad_gap > 2e-2:
+        raise RuntimeError(f"chunked loss off the whole logits' by {loss_gap:.1e} (grads {grad_gap:.1e} relative)")
+    done = f"chunked vs whole loss {loss_gap:.1e}, grads {grad_gap:.1e} relative (bf16)"
+    if not plan.cuda:
+        try:
+            QLoRA()
+        except ValueError as err:
+            return f"{done}; peft=qlora refused: {str(err)[:60]}..."
+        raise RuntimeError("peft=qlora was not refused without CUDA")
+    folder = plan.out / "qlora_base"
+    model.cpu().hf.save_pretrained(str(folder))
+    spec = QLoRA(r=8, alpha=16.0, dropout=0.0)
+    base = HFCausalLM(name_or_path=str(folder), quantization=spec.quantization())
+    attach(base, spec)
+    module = CausalLM(base)
+    opt = torch.optim.AdamW([p for _, p in module.optimized_parameters()], lr=1e-2)
+    start = {n: p.detach().clone() for n, p in module.optimized_parameters()}
+    losses = []
+    for _ in range(3):
+        loss = module.loss(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    moved = sum(not torch.equal(p, start[n]) for n, p in module.optimized_parameters())
+    if not all(math.isfinite(v) for v in losses) or not moved or not getattr(base.hf, "is_loaded_in_4bit", False):
+        raise RuntimeError(f"qlora: losses {losses}, {moved} adapters moved, 4-bit base: "
+                           f"{getattr(base.hf, 'is_loaded_in_4bit', False)}")
+    run_dir = plan.out / "fine_tuning_bench"
+    run_cmd([sys.executable, "tools/bench/fine_tuning.py", "--quick"], plan, run_dir)
+    log = (plan.out / "logs" / f"{run_dir.name}.log").read_text()
+    (plan.out / "fine_tuning.md").write_text(log)
+    return f"{done}; qlora: 4-bit base, losses {', '.join(f'{v:.3f}' for v in losses)}, {moved} adapters moved; " \
+        "bench --quick ran (fine_tuning.md)"
+
+
 def guarded(check: str, setting: str, fn: Callable[[], str]) -> Row:
     """Run one check; any failure becomes a row with ok = no and its last error line."""
     start = time.perf_counter()
@@ -430,6 +490,9 @@ def settings(plan: Plan) -> dict[str, str]:
         "hf": f"tiny transformers configs, fp32, {plan.device}; recipes at size=smoke, {dev}",
         "images": f"resnet10t (random init), 60 digit PNGs, fp32 vs cpu, bf16 autocast, {plan.device}; "
                   f"data=images model=timm at size=smoke, {dev}",
+        "fine_tuning": f"tiny Llama, bf16 autocast, {plan.device}; " + (
+            "peft=qlora r 8 on a 4-bit base, 3 steps; tools/bench/fine_tuning.py --quick" if plan.cuda else
+            "peft=qlora's refusal on a CPU"),
         "fsdp2": "char_lm smoke, strategy=fsdp2, bf16-mixed, " + (
             "1 GPU, nccl" if plan.cuda else "1 CPU rank over gloo (the CPU stand-in for 1 GPU over NCCL)"),
     }
@@ -451,7 +514,7 @@ def run_all(plan: Plan, args: argparse.Namespace) -> list[Row]:
     if not plan.cuda:
         torch.set_num_threads(1)  # as tools/bench does: spinning threads on busy cores swamp these timings
     for name, fn in (("newton_schulz", check_newton_schulz), ("kv_decode", check_kv_decode), ("draws", check_draws),
-                     ("hf", check_hf), ("images", check_images)):
+                     ("hf", check_hf), ("images", check_images), ("fine_tuning", check_fine_tuning)):
         if name in args.checks:
             rows[name].append(guarded(name, text[name], lambda fn=fn: fn(plan)))
     if plan.cuda and torch.cuda.is_available():
