@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -106,3 +108,22 @@ def register_app(conf_folders: list[Path] | None = None) -> None:
     for folder in conf_folders or []:
         load_conf(folder, store=False)  # Hydra reads these itself; the catalog learns their recipe names
     ZEN_STORE.add_to_hydra_store(overwrite_ok=True)
+    share_config_store()
+
+
+def share_config_store() -> None:
+    """Let Hydra's copies of its config repository share the config store rather than copy it. Hydra deep-copies the
+    repository each time it composes a config or lists a group's options (`--help`: once per group, about 190 times
+    here), and the repository's structured source holds the whole store, every recipe's, group's and lr's node. The
+    store is only read while composing and each node it hands out is a copy already (`ConfigStore.load`), so sharing
+    it changes no config: it only drops the copying. Idempotent."""
+    from hydra._internal.core_plugins.structured_config_source import StructuredConfigSource
+
+    if "__deepcopy__" in vars(StructuredConfigSource):
+        return
+
+    def share(self: Any, memo: dict[int, Any]) -> Any:
+        memo[id(self)] = new = copy.copy(self)  # the same store, provider and path
+        return new
+
+    StructuredConfigSource.__deepcopy__ = share

@@ -6,7 +6,6 @@ from __future__ import annotations
 import difflib
 import shlex
 import sys
-from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
@@ -191,21 +190,3 @@ def check_command_line(argv: list[str], config_name: str = "train") -> list[str]
     preflight(argv, config_name)
     return argv
 
-
-def share_group_listing() -> None:
-    """Make `--help` list the config groups from one copy of the config store: Hydra's own listing deep-copies the
-    whole store once per group (about 190 copies here, most of `--help`'s time). The options are read only, so one
-    copy per (config name, overrides) gives the same listing. Called for `--help` alone."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.object_type import ObjectType
-
-    copies: dict[tuple[Any, ...], Any] = {}
-
-    def get_group_options(self: Any, group_name: str, results_filter: Any = ObjectType.CONFIG,
-                          config_name: str | None = None, overrides: list[str] | None = None) -> list[str]:
-        key = (id(self), config_name, tuple(overrides or ()))
-        if key not in copies:
-            copies[key] = self._parse_overrides_and_create_caching_repo(config_name, list(overrides or ()))[1]
-        return copies[key].get_group_options(group_name, results_filter)
-
-    ConfigLoaderImpl.get_group_options = get_group_options

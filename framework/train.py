@@ -17,7 +17,7 @@ from typing import Any
 from hydra_zen import zen
 
 from framework.app import register_app, seed_everything
-from framework.cli import check_command_line, share_group_listing
+from framework.cli import check_command_line
 from framework.console import quiet_console
 from framework.errors import report_and_exit
 from framework.pipeline import train
@@ -43,8 +43,6 @@ def main() -> None:
     quiet_console()
     report_and_exit(register_app, searchpath_folders(sys.argv[1:]))  # a YAML recipe that does not parse: exit 2
     sys.argv[1:] = report_and_exit(check_command_line, sys.argv[1:])
-    if {"--help", "-h", "--hydra-help"} & set(sys.argv[1:]):
-        share_group_listing()
     where = run_dir_of(sys.argv[1:])
     if where and not where.multirun and not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
         sys.argv.append(f"hydra.run.dir={where.path}")  # the dir the lock holds, not one a second later's clock names
