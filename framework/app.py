@@ -116,14 +116,19 @@ def share_config_store() -> None:
     repository each time it composes a config or lists a group's options (`--help`: once per group, about 190 times
     here), and the repository's structured source holds the whole store, every recipe's, group's and lr's node. The
     store is only read while composing and each node it hands out is a copy already (`ConfigStore.load`), so sharing
-    it changes no config: it only drops the copying. Idempotent."""
-    from hydra._internal.core_plugins.structured_config_source import StructuredConfigSource
+    it changes no config: it only drops the copying. Set on the sources' base class (Hydra's plugin discovery loads
+    the structured source's module a second time); a source's other attributes are still copied. Idempotent."""
+    from hydra.core.config_store import ConfigStore
+    from hydra.plugins.config_source import ConfigSource
 
-    if "__deepcopy__" in vars(StructuredConfigSource):
+    if "__deepcopy__" in vars(ConfigSource):
         return
 
     def share(self: Any, memo: dict[int, Any]) -> Any:
-        memo[id(self)] = new = copy.copy(self)  # the same store, provider and path
+        memo[id(self)] = new = copy.copy(self)
+        for key, value in vars(self).items():
+            if not isinstance(value, ConfigStore):
+                setattr(new, key, copy.deepcopy(value, memo))
         return new
 
-    StructuredConfigSource.__deepcopy__ = share
+    ConfigSource.__deepcopy__ = share
