@@ -1,7 +1,8 @@
 """A quiet console and a complete `train.log` for `python -m framework.train`.
 
-The console drops two known notices that say nothing about the run: Lightning's "litlogger" advertisement and
-torch's `LeafSpec` deprecation warning raised inside Lightning. Hydra's job log file (`<run dir>/train.log`) gets
+The console drops known notices that say nothing about the run: Lightning's "litlogger" advertisement, torch's
+`LeafSpec` deprecation warning raised inside Lightning, and the HTTP client's line per Hub request (`httpx`'s INFO
+"HTTP Request: ...": `hydra.verbose=[httpx,httpx2]` shows them again). Hydra's job log file (`<run dir>/train.log`) gets
 the run's own lines: Lightning's notices and the summary that `RunRecord` prints.
 """
 
@@ -15,6 +16,8 @@ import warnings
 LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric")
 RUN_LOGGER = "framework.run"
 LEAFSPEC_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+#: HTTP clients that log each request at INFO (huggingface_hub's requests through them)
+HTTP_LOGGERS = ("httpx", "httpx2", "httpcore")
 
 
 class _DropTips(logging.Filter):
@@ -25,8 +28,13 @@ class _DropTips(logging.Filter):
 
 
 def quiet_console() -> None:
-    """Silence the litlogger tip and the LeafSpec deprecation warning for this process (idempotent)."""
+    """Silence the litlogger tip, the LeafSpec deprecation warning and the per-request HTTP lines for this process
+    (idempotent; a level the user set, e.g. by `hydra.verbose=[httpx,httpx2]` after this, is kept)."""
     warnings.filterwarnings("ignore", message=LEAFSPEC_WARNING, category=FutureWarning)
+    for name in HTTP_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropTips) for f in logger.filters):

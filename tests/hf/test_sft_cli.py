@@ -98,6 +98,8 @@ def test_the_readme_fine_tune_lines_run_as_printed_and_peft_opens_the_runs_adapt
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = (tmp_path / "outputs" / "train").iterdir()
     check_sft_lora_run(run, repo, served, steps=4)
+    # the Hub was asked (model, data, push) but the console and the log carry no line per HTTP request
+    assert "HTTP Request" not in proc.stdout + proc.stderr + (run / "train.log").read_text()
     scope: dict = {}
     exec(compile(python, "README.md", "exec"), scope)  # noqa: S102 - the README's block, as a reader runs it
     with torch.no_grad():
