@@ -312,6 +312,7 @@ def available_accelerators() -> list[str]:
 
 def check_init_from(source: str) -> None:
     """`init_from=` names an existing run dir, a `.ckpt` file, or a model repo the Hub has (one short request)."""
+    from framework.models.peft_adapters import is_adapter_source
     from framework.rundir import LAST_CHECKPOINT, resolve_source
 
     try:
@@ -319,7 +320,7 @@ def check_init_from(source: str) -> None:
     except FileNotFoundError as err:
         raise PreflightError(f"init_from={source}: {err}") from None
     if resolved.kind == "run_dir":
-        if not any((Path(source) / name).is_file() for name in (LAST_CHECKPOINT, "adapter_config.json")):
+        if not (Path(source) / LAST_CHECKPOINT).is_file() and not is_adapter_source(source):
             raise PreflightError(f"init_from={source}: the run dir has no {LAST_CHECKPOINT} (nor is it a PEFT adapter)")
         return
     if resolved.is_local:

@@ -117,8 +117,9 @@ class CausalLM(TrainModule):
         self._head_takes: bool | None = None  # whether the model's output is its head's (found on the first batch)
         self.val_nll = MeanMetric()
 
-    def _outputs(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """The model's outputs at the positions that predict (batch, seq − 1[, vocab]) and their targets."""
+    def predictions(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """The model's outputs at the positions that predict (batch, seq − 1[, vocab]: the logits, or inside
+        `HeadSkipped` its placeholder) and their targets; targets -100 where no loss is taken."""
         if isinstance(batch, Tensor):
             targets, out = batch[:, 1:], self.model(batch[:, :-1])
         else:
@@ -133,10 +134,6 @@ class CausalLM(TrainModule):
             targets[:, : self.prompt_length - 1] = -100
         return out, targets
 
-    def predictions(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """The logits that predict and their targets (batch, seq − 1[, vocab]); targets -100 where no loss is taken."""
-        return self._outputs(batch)
-
     @staticmethod
     def token_losses(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         """Each token's CE (0 where no loss is taken) and the mask of the supervised tokens, both (batch, seq)."""
@@ -149,7 +146,7 @@ class CausalLM(TrainModule):
         head = output_head(self.model) if self.chunked_loss and self._head_takes is not False else None
         if head is not None and head_width(head) and not is_sharded(head):
             with HeadSkipped(head) as skipped:
-                out, targets = self._outputs(batch)
+                out, targets = self.predictions(batch)
             if skipped.took(out):
                 self._head_takes = True
                 hidden = skipped.hidden[:, : targets.shape[1]]
@@ -158,7 +155,7 @@ class CausalLM(TrainModule):
             log.info("chunked_loss: %s changes its output head's logits, so they are taken whole",
                      type(self.model).__name__)
         with HeadInput(self.model, features) as taken:
-            tokens, scored = self.token_losses(*self._outputs(batch))
+            tokens, scored = self.token_losses(*self.predictions(batch))
         hidden = taken.hidden
         return tokens, scored, None if hidden is None else hidden[:, : tokens.shape[1]]
 
@@ -179,7 +176,7 @@ class CausalLM(TrainModule):
         stats = None
         if needs & {"logits", "targets"}:  # the policy reads every logit: they are built whole
             with HeadInput(self.model, "features" in needs) as taken:
-                logits, targets = self._outputs(batch)
+                logits, targets = self.predictions(batch)
             tokens, scored = self.token_losses(logits, targets)
             hidden = None if taken.hidden is None else taken.hidden[:, : targets.shape[1]]
             stats = token_stats(logits, targets)
