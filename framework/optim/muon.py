@@ -42,6 +42,21 @@ class MuonAdamW(torch.optim.Optimizer):
     that does not make `lr` AdamW's lr (AdamW's early steps are larger): the char_lm sweep in
     `tools/bench/optimizers.py` finds Muon's best lr well above AdamW's, as for OLion.
     1-D params (norms, biases) are never decayed.
+
+    Args:
+        params: parameters, named parameters or groups to optimise; supplied by the framework at build time.
+        lr: step size of the Muon branch, before the `adjust_lr_fn` scaling.
+        weight_decay: decoupled weight decay of the Muon branch (and of AdamW's unless `adamw_weight_decay` is set).
+        momentum: Muon's momentum coefficient, in [0, 1).
+        nesterov: use Nesterov momentum in the Muon branch.
+        ns_steps: Newton-Schulz iterations that orthogonalise each Muon update.
+        eps: lower bound on the update norm that Newton-Schulz divides by, to avoid dividing by zero.
+        adjust_lr_fn: how lr scales with matrix shape: "original" (None too), "match_rms_adamw" or "spectral_unclamped".
+        adamw_lr: step size of the AdamW branch; None uses each group's `lr`.
+        adamw_betas: (β1, β2) of the AdamW branch.
+        adamw_eps: ε of the AdamW branch's denominator.
+        adamw_weight_decay: weight decay of the AdamW branch's ≥2-D params; None reuses `weight_decay`.
+        predicate: `(name, param) -> bool` choosing Muon params (2-D or expert stacks only); None: default routing.
     """
 
     def __init__(

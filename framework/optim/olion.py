@@ -52,50 +52,50 @@ DEFAULT_NS_BATCH_CUDA = 8
 class OLion(torch.optim.Optimizer):
     """OLion: W ← W(1−ηλ) − η·s·sign(NS5(c)), c a Nesterov mix of g and the EMA m; AdamW for the rest.
 
-    `params`: (name, Parameter) pairs (preferred: `model.named_parameters()`), plain tensors, or group dicts
-    (each is routed, unless it sets "use_olion" itself). Default routing: `is_hidden_matrix` on each name (whole
-    words: embeddings, tokens, norms, biases, stems, heads go to AdamW) and, over the named parameters given at
-    construction, a convnet's stem and classifier to AdamW (`convnet_edges`); `predicate=` replaces both (pass
-    `is_hidden_matrix` for the name rule alone). Plain tensors (`model.parameters()`) carry no names,
-    so the default routing sees shapes only and sends EVERY ≥2-D tensor, the embeddings and the output head
-    included, to the orthogonal branch; the optimizer warns once when that happens. Pass names to route them
-    to AdamW. `param_groups` holds exactly the groups passed (one group for a flat list), so LR schedulers see
-    the user's groups; each group's `orthogonal` lists one bool per parameter (True: the orthogonal branch).
-    The AdamW branch uses `adamw_betas`, `adamw_eps`, `adamw_weight_decay` (None: `weight_decay`) and the lr
-    `adamw_lr`·lr/`adamw_lr_base` (`adamw_lr_base` is the group's lr at construction, so a schedule on `lr`
-    scales both branches by the same factor). `adamw_lr` defaults to a fixed `DEFAULT_ADAMW_LR` (AdamW's own lr,
-    whatever OLion's lr is, as Muon's users run it); `adamw_lr=None` ties it to the group's lr (the default before).
-    It decays ≥2-D params (embeddings, heads) only, never norms or biases. Complex parameters are refused. A
-    scheduler's `cycle_momentum` cycles `betas[0]` (β1 below, as for Lion), not the AdamW branch's `adamw_betas`.
+    Routing: `is_hidden_matrix` on each name (embeddings, tokens, norms, biases, stems, heads go to AdamW) and, over
+    the named parameters given at construction, a convnet's stem and classifier to AdamW (`convnet_edges`). Plain
+    tensors (`model.parameters()`) carry no names, so EVERY ≥2-D tensor, embeddings and head included, goes to the
+    orthogonal branch (warned once): pass `model.named_parameters()`. A group dict setting "use_olion" is not routed.
+    `param_groups` holds exactly the groups passed; each group's `orthogonal` lists one bool per parameter. The AdamW
+    branch's lr is `adamw_lr`·lr/`adamw_lr_base` (the group's lr at construction), so a schedule on `lr` scales both
+    branches alike; it decays ≥2-D params only, never norms or biases. Complex parameters are refused. A scheduler's
+    `cycle_momentum` cycles `betas[0]`, not `adamw_betas`.
 
-    β1 (`betas[0]`) is the interpolation weight and β2 the EMA decay, as in the authors' code:
-    m ← β2·m + (1−β2)·g first, then c = (1−β1)·g + β1·m with the new m (`pre_update_momentum=True`: the old
-    m, Lion's order; `nesterov=False`: c = m). Scales use the 2-D view (out, in·k…): `use_scale` sets
-    ‖S‖_F = sqrt(min dim), `rms_scale` multiplies by 0.2·sqrt(max dim), so by default the update's RMS over all
-    entries is exactly 0.2·lr. Each entry moves by ±0.2·lr·sqrt(out·in/nnz) or not at all, nnz the nonzero count
-    of sign(NS5(c)): exactly ±0.2·lr when no sign is 0, larger when c has zero rows or columns (dead units or
-    inputs: 25% dead inputs give 0.2·lr·sqrt(4/3)). `sign=False` drops the sign step (the NS-only ablation,
-    registered as `ortho_momentum`).
+    Momentum, as in the authors' code: m ← β2·m + (1−β2)·g, then c = (1−β1)·g + β1·m with the new m. Scales use the
+    2-D view (out, in·k…); by default the update's RMS is exactly 0.2·lr. Each entry moves by ±0.2·lr·sqrt(out·in/nnz)
+    or not at all, nnz the nonzero count of sign(NS5(c)): ±0.2·lr when no sign is 0, larger when c has zero rows or
+    columns (25% dead inputs give 0.2·lr·sqrt(4/3)).
 
-    The lr to start from is NOT AdamW's lr: AdamW's first steps move entries by up to lr, OLion's by 0.2·lr (RMS),
-    so at AdamW's lr OLion trains several times slower. `tools/bench/optimizers.py` (tables (c) and (e) in
-    BENCHMARKS.md) measures the lr ratio OLion/AdamW at which OLion first matches AdamW's best result on each
-    workload: start from AdamW's best lr times that ratio and sweep around it. Table (f) measures the AdamW
-    branch's lr at OLion's best: small models trained briefly want it higher than the default, up to OLion's lr.
+    The lr to start from is NOT AdamW's lr: OLion moves entries by 0.2·lr (RMS), so at AdamW's lr it trains several
+    times slower. `tools/bench/optimizers.py` (BENCHMARKS.md tables (c), (e), (f)) measures the lr ratio OLion/AdamW
+    at which OLion matches AdamW's best, and the AdamW branch's best lr: start there and sweep.
+    FSDP2 (`fully_shard`) DTensor matrices on a 1-D mesh are gathered whole for NS; each rank applies its shard of
+    the update, and the momentum stays sharded. Params whose grad is None are skipped (every rank must skip the same).
 
-    `ns_dtype` (a dtype or its name) sets the Newton–Schulz dtype; None means bf16 where the device has bf16 matrix
-    instructions and fp32 elsewhere, decided from what the device is, not timed (`framework.optim.ns_dtype`), and
-    kept in the group's `ns_dtype_auto`, so a resumed run keeps it.
-    `ns_form="auto"` runs NS on the short side's Gram matrix for matrices at least twice as long as wide (fewer
-    FLOPs, the same map; `gram_newton_schulz5`) and the standard iteration otherwise; "standard" / "gram" force one.
-    `ns_batch` stacks up to that many same-shape matrices into one batched NS call (1 = a per-matrix loop);
-    None means 1 on CPU (batching measured slower there) and 8 on CUDA. Distributed (torch.distributed
-    initialised, world size > 1): `distributed="round_robin"` gives each NS unit an owner rank, balanced by cost
-    m·n·min(m, n); owners broadcast their results, so every rank applies the same update from the averaged grads,
-    bit for bit what one process computes; `"redundant"` has every rank compute every NS (also right for
-    unsynchronised per-rank models). Plain tensors are assumed replicated (DDP). FSDP2 (`fully_shard`) DTensor
-    matrices on a 1-D mesh are gathered whole for NS; each rank applies its shard of the update, and the momentum
-    stays sharded. Params whose grad is None are skipped (every rank must skip the same ones).
+    Args:
+        params: named parameters, plain tensors or group dicts to optimise; supplied by the framework at build time.
+        lr: step size of the orthogonal branch (the AdamW branch's is `adamw_lr`).
+        betas: (β1, β2): β1 the interpolation weight of gradient and momentum, β2 the momentum's EMA decay.
+        weight_decay: decoupled weight decay (W ← W(1−ηλ)) of the orthogonal branch; 0 turns it off.
+        ns_steps: Newton-Schulz iterations per update.
+        ns_dtype: dtype (or its name) of the Newton-Schulz math; None: bf16 where the device has bf16 matmul, else fp32.
+            The automatic choice is kept in the group's `ns_dtype_auto`, so a resumed run keeps it.
+        ns_form: "auto", "standard" or "gram": "auto" uses the Gram-matrix iteration for matrices ≥ 2x as long as wide.
+        use_scale: rescale the (signed) NS output to Frobenius norm sqrt(min dim).
+        rms_scale: multiply the update by 0.2·sqrt(max dim), so its RMS is 0.2·lr with `use_scale`.
+        nesterov: update along the Nesterov mix c = (1−β1)·g + β1·m; False updates along m itself.
+        pre_update_momentum: mix the gradient with the momentum before this step's EMA update (Lion's order).
+        sign: take the sign of the orthogonalised update; False is the NS-only ablation (`ortho_momentum`).
+        eps: added to the update's norm in the `use_scale` division, to avoid dividing by zero.
+        adamw_lr: step size of the AdamW branch, scaled by the same schedule as `lr`; None: the group's own lr.
+        adamw_betas: (β1, β2) of the AdamW branch.
+        adamw_eps: ε of the AdamW branch's denominator.
+        adamw_weight_decay: weight decay of the AdamW branch's ≥2-D params; None reuses `weight_decay`.
+        predicate: `(name, param) -> bool`, True for the orthogonal branch; None: the default routing above.
+        ns_batch: same-shape matrices stacked per batched NS call (1: a per-matrix loop); None: 1 on CPU, 8 on CUDA.
+        distributed: with world size > 1, "round_robin" (each NS on one owner rank, then broadcast) or "redundant".
+            Round-robin balances owners by cost m·n·min(m, n) and gives bit-identical updates on every rank;
+            "redundant" has every rank compute every NS (also right for unsynchronised per-rank models).
     """
 
     def __init__(

@@ -10,7 +10,14 @@ import torch
 def lion(
     params: Any, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0
 ) -> torch.optim.Optimizer:
-    """Lion (Chen et al. 2023) from lucidrains' `lion-pytorch`, the reference peer for OLion."""
+    """Lion (Chen et al. 2023) from lucidrains' `lion-pytorch`, the reference peer for OLion.
+
+    Args:
+        params: parameters or parameter groups to optimise; supplied by the framework at build time.
+        lr: step size of the sign update; must be > 0 (Lion wants roughly 3-10x less than AdamW).
+        betas: (β1, β2), each in [0, 1): β1 mixes gradient and momentum for the update, β2 is the momentum EMA decay.
+        weight_decay: decoupled weight decay, multiplied by `lr`; 0 turns it off.
+    """
     try:
         from lion_pytorch import Lion
     except ImportError as err:  # pragma: no cover - depends on the environment

@@ -11,7 +11,14 @@ from torch.optim.lr_scheduler import LambdaLR
 def warmup_cosine(
     optimizer: Optimizer, total_steps: int, warmup_steps: int = 100, min_lr_ratio: float = 0.1
 ) -> LambdaLR:
-    """Linear warm-up to the base lr over `warmup_steps`, then cosine decay to `min_lr_ratio`·lr."""
+    """Linear warm-up to the base lr over `warmup_steps`, then cosine decay to `min_lr_ratio`·lr.
+
+    Args:
+        optimizer: the optimizer whose lr is scheduled; supplied by the framework at build time.
+        total_steps: optimizer steps of the whole run (≥ 1); supplied by the framework from the trainer's limits.
+        warmup_steps: steps of linear warm-up from lr/warmup_steps to lr; 0 starts at the base lr.
+        min_lr_ratio: the final lr as a fraction of the base lr, in [0, 1]; 1 keeps the lr flat after warm-up.
+    """
     if total_steps < 1:
         raise ValueError(f"total_steps={total_steps} must be ≥ 1 (set trainer.max_steps or max_epochs)")
     if warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:
@@ -28,5 +35,10 @@ def warmup_cosine(
 
 
 def constant(optimizer: Optimizer, total_steps: int = 0) -> LambdaLR:
-    """The base lr at every step."""
+    """The base lr at every step.
+
+    Args:
+        optimizer: the optimizer whose lr is held; supplied by the framework at build time.
+        total_steps: accepted for a uniform scheduler signature and ignored.
+    """
     return LambdaLR(optimizer, lambda step: 1.0)
