@@ -7,17 +7,20 @@ any Llama / Qwen / Mistral / Mixtral checkpoint). The allocation comes from `--p
 default from MODEL's own repo (a probe run pushed with its model). At sparsity s the allocation's top (1 − s) of the
 KV heads keep every position; the others keep the window: `--window SINK RECENT`, else the allocation's. The prompt
 is `--prompt TEXT` (through the model's tokenizer) or `--ids "3 17 ..."` (token ids, for a model without one).
+`--chat` sends `--prompt` as one user turn through the tokenizer's chat template, with the assistant's turn opened
+(`add_generation_prompt=True`), as a chat / instruct model expects; without it the text goes in as it is.
 It decodes on `--device` (default `auto`: the GPU where there is one, else the CPU) in `--dtype` (default float32;
 bfloat16 or float16 halve the cache). Prints the new tokens (and their text), and the bytes the cache holds beside
 the full cache's (every KV head keeping every position, keys and values each at their own head dim), and beside
 transformers' own cache where that holds something else (an MLA model's compressed latents).
 
     python -m framework.kv_generate local-user/chase-llama-rlkv --sparsity 0.5 --ids "2 7 21 9 30 ..." -n 9
+    python -m framework.kv_generate my-chat-model/ --pattern probe-run/ --prompt "What colour is the sky?" --chat
 
 Exit codes: 0 done; 2 refused input (an allocation of another shape than the model's layers × KV heads, a sparsity
 outside [0, 1], a window not shorter than the context, a prompt + new tokens past the model config's
 max_position_embeddings, a model outside transformers' attention interface, an unknown model or pattern, a device
-this machine does not have); 1 the Hub failed.
+this machine does not have, `--chat` with `--ids` or on a tokenizer without a chat template); 1 the Hub failed.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--prompt", help="text, through the model's tokenizer")
     what.add_argument("--ids", help="space-separated token ids")
+    parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to --prompt (one "
+                        "user turn, the assistant's turn opened)")
     parser.add_argument("-n", "--max-new-tokens", type=int, default=32)
     parser.add_argument("--revision", default=None)
     parser.add_argument("--device", default="auto", help="auto (the GPU where there is one, else the CPU), cpu, "
@@ -67,6 +72,27 @@ def check_positions(prompt: int, new: int, limit: int | None) -> None:
     if limit is not None and prompt + new > limit:
         raise ValueError(f"the prompt's {prompt} tokens + {new} new tokens = {prompt + new} positions, more than the "
                          f"model config's max_position_embeddings={limit}: shorten the prompt or -n")
+
+
+def prompt_ids(args: argparse.Namespace, tokenizer: Any | None) -> list[int]:
+    """The token ids decoding starts from: `--ids` as given, or `--prompt` through `tokenizer` (with `--chat`: the
+    chat template's rendering of one user turn with the generation prompt; the rendering holds the template's own
+    special tokens, so the tokenizer adds none)."""
+    if args.prompt is None:
+        try:
+            return [int(x) for x in args.ids.split()]
+        except ValueError:
+            raise ValueError(f"--ids {args.ids!r} must be space-separated integers") from None
+    if tokenizer is None:
+        raise ValueError(f"{args.model} has no tokenizer: give the prompt as token ids (--ids \"3 17 ...\")")
+    text = args.prompt
+    if args.chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"--chat: the tokenizer of {args.model} has no chat template (a base model's, not a chat "
+                             "/ instruct model's): drop --chat to send the prompt as plain text, or use a chat model")
+        text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def full_cache_nbytes(cache: Any) -> int:
@@ -111,6 +137,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens={args.max_new_tokens} must be >= 1")
+    if args.chat and args.prompt is None:
+        raise ValueError(f"--chat applies the chat template to --prompt TEXT, but the prompt came as --ids "
+                         f"{args.ids!r}, already tokens: give the text as --prompt, or drop --chat")
     device = pick_device(args.device)
     model = HFCausalLM(name_or_path=args.model, revision=args.revision, dtype=args.dtype,
                        attn_implementation=None).eval().to(device)
@@ -121,15 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     full = alloc.full_heads(sparsity)  # ValueError outside [0, 1]
     window = tuple(args.window) if args.window else alloc.window
     tokenizer = model.tokenizer_for(name_or_path=args.model, revision=args.revision)
-    if args.prompt is not None:
-        if tokenizer is None:
-            raise ValueError(f"{args.model} has no tokenizer: give the prompt as token ids (--ids \"3 17 ...\")")
-        ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
-    else:
-        try:
-            ids = [int(x) for x in args.ids.split()]
-        except ValueError:
-            raise ValueError(f"--ids {args.ids!r} must be space-separated integers") from None
+    ids = prompt_ids(args, tokenizer)
     if not ids or max(ids) >= model.vocab_size or min(ids) < 0:
         raise ValueError(f"the prompt's token ids {ids[:8]}... must be non-empty and lie in 0..{model.vocab_size - 1}")
     context = len(ids) + args.max_new_tokens
@@ -154,7 +175,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if own != full_bytes:  # an MLA model caches its compressed latents, not the per-head keys and values
         print(f"transformers' own cache holds {own:,} bytes for these positions (the mixed cache {held / own:.3f} "
               "times that): it caches other tensors than per-head keys and values (an MLA model's latents)")
-    return {"tokens": new, "bytes": held, "full_bytes": full_bytes, "own_bytes": own, "device": str(device)}
+    return {"prompt": ids, "tokens": new, "bytes": held, "full_bytes": full_bytes, "own_bytes": own,
+            "device": str(device)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
