@@ -19,7 +19,14 @@ def _shape(input_shape: list[int] | tuple[int, ...] | None, num_classes: int | N
 
 
 class MLP(RecordsConfig):
-    """Flatten → `depth` × (Linear, ReLU) of width `hidden` → Linear head (data_agent_digits' 64→256→256→10 MLP)."""
+    """Flatten → `depth` × (Linear, ReLU) of width `hidden` → Linear head (data_agent_digits' 64→256→256→10 MLP).
+
+    Args:
+        input_shape: shape of one input example, e.g. (1, 8, 8); supplied from the data at build time.
+        num_classes: number of output classes (≥ 2); supplied from the data at build time.
+        hidden: width of every hidden layer, also the penultimate feature size.
+        depth: number of hidden (Linear, ReLU) layers, ≥ 1.
+    """
 
     def __init__(self, input_shape: list[int] | None = None, num_classes: int | None = None, hidden: int = 256,
                  depth: int = 2):
@@ -51,7 +58,14 @@ class MLP(RecordsConfig):
 
 class ConvNet(RecordsConfig):
     """Two 3×3 conv blocks (BatchNorm, ReLU, 2×2 max-pool after the second) → global average pool → Linear to
-    `hidden` (ReLU) → head; for small images such as 8×8 digits."""
+    `hidden` (ReLU) → head; for small images such as 8×8 digits.
+
+    Args:
+        input_shape: (channels, height, width) of one image; supplied from the data at build time.
+        num_classes: number of output classes (≥ 2); supplied from the data at build time.
+        channels: output channels of the first conv block; the later blocks use twice as many.
+        hidden: width of the Linear layer before the head, also the penultimate feature size.
+    """
 
     def __init__(self, input_shape: list[int] | None = None, num_classes: int | None = None, channels: int = 32,
                  hidden: int = 128):

@@ -46,19 +46,9 @@ def _building_on_meta() -> bool:
 class HFLanguageModel(RecordsConfig):
     """A transformers LM as a framework model: `forward(ids) -> logits`; `.hf` is the transformers model itself.
 
-    Give `name_or_path` (a Hub id or a folder that `save_pretrained` wrote) or `config` (a fresh model: a dict with
-    `model_type` and the config's values). `vocab_size` is what the data needs: a fresh config without one takes it;
-    a loaded model must have at least that many embeddings. `dtype` is the weights' dtype ("float32",
-    "bfloat16", "float16"); `attn_implementation` is transformers' ("sdpa", "eager", or one registered with its
-    `AttentionInterface`). `causal=False` runs a causal family without its causal mask (transformers 5 uses a
-    4-D boolean mask as given: checked on Llama, Qwen2/3, Mistral, Mixtral, OLMoE) as an MDLM backbone; its logits
-    are then shifted one place right (Dream's convention: position t's logits come from t−1's output, so an
-    autoregressive checkpoint's head keeps its meaning). `tokenizer` names where the tokenizer comes from when that
-    is not `name_or_path` (a grown model is rebuilt from its config, its tokenizer still its source's).
-    `special_ids`: the data's (`{"eos_id": 3, ...}`, handed in by the run) that a fresh config on its vocabulary takes.
-    `quantization`: transformers' `BitsAndBytesConfig` values (what `peft=qlora` hands in; CUDA only).
-    `gradient_checkpointing=True`: transformers' own (`activation_checkpointing_enable`, non-reentrant), so each layer's
-    activations are recomputed in the backward pass instead of kept: less memory for about one more forward.
+    `causal=False` runs a causal family without its causal mask (transformers 5 uses a 4-D boolean mask as given:
+    checked on Llama, Qwen2/3, Mistral, Mixtral, OLMoE) as an MDLM backbone, its logits shifted one place right
+    (Dream's convention, so an autoregressive head keeps its meaning). The registered subclasses list the arguments.
     """
 
     kind = "causal"
@@ -201,6 +191,21 @@ class HFCausalLM(HFLanguageModel):
     It takes RLKV's per-KV-head gates and a mixed KV cache as the framework's own `TransformerLM` does
     (`forward(ids, gates=, window=)`, `forward(ids, cache=)`, `gate_shape`, `mixed_cache`), through transformers'
     attention interface (`framework.serving.hf_attention`), so the probes and `decode` run on it unchanged.
+
+    Args:
+        name_or_path: Hub id or local folder (`save_pretrained` layout) to load; give this or `config`, not both.
+        config: transformers config values with `model_type` (`{model_type: llama, ...}`) for a fresh, untrained model.
+        vocab_size: token ids the data uses; supplied from the data at build time (a fresh config without one takes it).
+            A loaded model must have at least that many embeddings.
+        revision: Hub branch, tag or commit of `name_or_path`; None: the default branch.
+        dtype: dtype of the weights: "float32", "bfloat16" or "float16".
+        attn_implementation: transformers' attention kernel ("sdpa", "eager", or a registered one); None: its default.
+        causal: keep the causal mask; False runs it bidirectionally as an MDLM backbone (logits shifted right).
+        tokenizer: Hub id or folder of the tokenizer when it is not `name_or_path`'s (a grown model's source).
+        strict: refuse checkpoint weights that are missing, unexpected or misshapen; False loads with a warning.
+        special_ids: the data's special token ids (`{"eos_id": 3, ...}`) a fresh config takes; supplied by the run.
+        gradient_checkpointing: transformers' own non-reentrant checkpointing: recompute activations, saving memory.
+        quantization: transformers' `BitsAndBytesConfig` values for a 4-bit base (handed in by `peft=qlora`; CUDA).
     """
 
     def __init__(self, name_or_path: str | None = None, config: dict[str, Any] | None = None,
@@ -284,7 +289,21 @@ def _cache_argument(cls: type) -> str:
 
 class HFMaskedLM(HFLanguageModel):
     """A transformers masked LM (`AutoModelForMaskedLM`: BERT, RoBERTa, ModernBERT, ...): bidirectional, logits at
-    each position, a [MASK] token: an MDLM backbone."""
+    each position, a [MASK] token: an MDLM backbone.
+
+    Args:
+        name_or_path: Hub id or local folder (`save_pretrained` layout) to load; give this or `config`, not both.
+        config: transformers config values with `model_type` (`{model_type: llama, ...}`) for a fresh, untrained model.
+        vocab_size: token ids the data uses; supplied from the data at build time (a fresh config without one takes it).
+            A loaded model must have at least that many embeddings.
+        revision: Hub branch, tag or commit of `name_or_path`; None: the default branch.
+        dtype: dtype of the weights: "float32", "bfloat16" or "float16".
+        attn_implementation: transformers' attention kernel ("sdpa", "eager", or a registered one); None: its default.
+        tokenizer: Hub id or folder of the tokenizer when it is not `name_or_path`'s (a grown model's source).
+        strict: refuse checkpoint weights that are missing, unexpected or misshapen; False loads with a warning.
+        special_ids: the data's special token ids (`{"eos_id": 3, ...}`) a fresh config takes; supplied by the run.
+        gradient_checkpointing: transformers' own non-reentrant checkpointing: recompute activations, saving memory.
+    """
 
     kind = "masked"
     auto_class = "AutoModelForMaskedLM"

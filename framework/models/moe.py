@@ -135,10 +135,26 @@ class MoETransformerLM(LanguageModel, RecordsConfig):
     """Token ids (batch, seq) → logits; the `TransformerLM` shell with every block's feed-forward an `MoE`
     (`blocks.{i}.moe`). Layers are `self.blocks`.
 
-    `expert_hidden` defaults to 2·dim (SwiGLU, so an expert has 6·dim² weights); `shared_hidden=0` means no
-    shared expert; `aux_loss_coef` scales the load-balancing loss. The output never contains it: a training
-    step adds `pop_aux_loss()` (coef · balance summed over layers) to its loss. `init` is `TransformerLM`'s:
-    ``"gpt2"`` (the default) or ``"torch"`` (PyTorch's width-scaled defaults; see `init_weights`).
+    The output never contains the load-balancing loss: a training step adds `pop_aux_loss()` (coef · balance summed
+    over layers) to its loss.
+
+    Args:
+        vocab_size: number of token ids (embedding rows and logits); supplied from the data at build time.
+        dim: model width (embedding and residual stream size).
+        depth: number of transformer blocks.
+        heads: query heads per attention layer; must divide `dim` (head size dim/heads).
+        kv_heads: key/value heads (grouped-query attention), dividing `heads`; None: one per query head.
+        num_experts: experts per MoE layer.
+        top_k: experts each token is routed to, at most `num_experts`.
+        expert_hidden: hidden width of each SwiGLU expert; None: 2·dim (an expert then has 6·dim² weights).
+        router: gate convention, one of `ROUTERS`: softmax_topk[_renorm], topk_softmax or sigmoid_topk[_norm].
+        shared_hidden: hidden width of an always-on shared expert; 0: no shared expert.
+        aux_loss_coef: weight of the load-balancing loss added to the training loss; 0 turns it off.
+        max_seq_len: longest sequence (prompt plus generated tokens) the rotary tables cover.
+        causal: causal attention (a left-to-right LM); False attends both ways (the diffusion backbone).
+        dropout: dropout probability on embeddings, attention and feed-forward outputs, in [0, 1).
+        tie_embeddings: share one weight between the token embedding and the LM head.
+        init: weight initialisation, "gpt2" (N(0, 0.02²)) or "torch" (PyTorch's width-scaled defaults); `init_weights`.
     """
 
     def __init__(

@@ -47,10 +47,19 @@ def _peft() -> Any:
 @dataclasses.dataclass
 class LoRA:
     """Low-rank adapters (Hu et al., 2021) through PEFT's `LoraConfig`; the defaults are TRL's command line's (r 16,
-    alpha 32, dropout 0.05) on every linear layer but the output head (`target_modules="all-linear"`, or a list of
-    layer names: a name matches a layer's full dotted name or its last parts). `use_dora`: weight-decomposed LoRA
-    (DoRA); `use_rslora`: scale alpha/sqrt(r) instead of alpha/r; `modules_to_save`: layers trained in full beside
-    the adapters (e.g. a new head). `merge=True`: the Hub push holds the merged model, not the adapter."""
+    alpha 32, dropout 0.05) on every linear layer but the output head.
+
+    Args:
+        r: rank of each adapter's A and B matrices, a positive integer.
+        alpha: adapter scale numerator: B·A is multiplied by alpha / r (alpha / sqrt(r) with `use_rslora`).
+        dropout: dropout probability on the adapters' input, in [0, 1).
+        target_modules: "all-linear" (every linear layer but the output head) or a list of layer names to adapt.
+            A name matches a layer's full dotted name or its last parts.
+        use_dora: weight-decomposed LoRA (DoRA): adapt a magnitude and a direction separately.
+        use_rslora: rank-stabilised scaling alpha / sqrt(r) instead of alpha / r.
+        modules_to_save: layers trained in full beside the adapters (e.g. a new head); None: none.
+        merge: push the model with the adapters merged into its weights, not the adapter alone.
+    """
 
     r: int = 16
     alpha: float = 32.0
@@ -107,7 +116,22 @@ class LoRA:
 class QLoRA(LoRA):
     """LoRA on a base loaded in 4 bits (QLoRA: bitsandbytes' NF4 with `double_quant`, computing in
     `compute_dtype`), through transformers' `BitsAndBytesConfig` and `peft.prepare_model_for_kbit_training`. It needs
-    a CUDA GPU and `bitsandbytes`: refused by name anywhere else."""
+    a CUDA GPU and `bitsandbytes`: refused by name anywhere else.
+
+    Args:
+        r: rank of each adapter's A and B matrices, a positive integer.
+        alpha: adapter scale numerator: B·A is multiplied by alpha / r (alpha / sqrt(r) with `use_rslora`).
+        dropout: dropout probability on the adapters' input, in [0, 1).
+        target_modules: "all-linear" (every linear layer but the output head) or a list of layer names to adapt.
+            A name matches a layer's full dotted name or its last parts.
+        use_dora: weight-decomposed LoRA (DoRA): adapt a magnitude and a direction separately.
+        use_rslora: rank-stabilised scaling alpha / sqrt(r) instead of alpha / r.
+        modules_to_save: layers trained in full beside the adapters (e.g. a new head); None: none.
+        merge: push the model with the adapters merged into its weights, not the adapter alone.
+        quant_type: 4-bit data type of the frozen base: "nf4" (NormalFloat) or "fp4".
+        compute_dtype: dtype the 4-bit layers compute in, e.g. "bfloat16" or "float16".
+        double_quant: also quantize the quantization constants (saves about 0.4 bits per weight).
+    """
 
     quant_type: str = "nf4"
     compute_dtype: str = "bfloat16"

@@ -27,11 +27,16 @@ def timm_model(name: str = "resnet18", pretrained: bool = False, num_classes: in
                input_shape: list[int] | None = None, **kwargs: Any) -> nn.Module:
     """`timm.create_model(name, pretrained, num_classes=..., in_chans=input_shape[0], **kwargs)`.
 
-    `name`: a timm architecture (`resnet18`, `vit_tiny_patch16_224`, `resnet18.a1_in1k`) or a Hub id
-    (`hf-hub:org/name`, read through HF_ENDPOINT) of a timm model; `kwargs` go to timm (`drop_rate`, `patch_size`,
-    ... on the command line `+model.drop_rate=0.1`). A fixed-size model without `img_size` is built for the data's
-    image size. `init_config` records what rebuilds the architecture (`pretrained` false there: the run's weights
-    are in its checkpoint)."""
+    Extra keyword arguments go to timm (`drop_rate`, `patch_size`, ...; on the command line `+model.drop_rate=0.1`).
+    A fixed-size model without `img_size` is built for the data's image size. `init_config` records what rebuilds the
+    architecture (`pretrained` false there: the run's weights are in its checkpoint).
+
+    Args:
+        name: a timm architecture (`resnet18`, `resnet18.a1_in1k`) or a timm model's Hub id (`hf-hub:org/name`).
+        pretrained: load timm's pretrained weights (downloaded through HF_ENDPOINT); False: random init.
+        num_classes: classes of the new classifier head; supplied from the data at build time.
+        input_shape: (channels, height, width) of one image, giving `in_chans`; supplied from the data at build time.
+    """
     import timm
 
     check_name(name)

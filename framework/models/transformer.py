@@ -8,7 +8,6 @@ reshapes are einops.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from framework.models.base import RecordsConfig
 from framework.models.documents import document_mask
+from framework.models.lm_init import INITS, check_init, check_positive, init_weights  # noqa: F401 (re-exported)
 from framework.serving.attention import check_window, stream_mask
 
 
@@ -172,44 +172,6 @@ class Block(nn.Module):
         return x + getattr(self, self.ffn_name)(self.norm2(x))
 
 
-def check_positive(**sizes: int) -> None:
-    """ValueError naming the first of `sizes` that is not a positive integer."""
-    for key, value in sizes.items():
-        if value < 1:
-            raise ValueError(f"{key}={value} must be a positive integer")
-
-
-#: Weight initialisation schemes of the language models (`init=`); see `init_weights`.
-INITS = ("gpt2", "torch")
-
-
-def check_init(init: str) -> None:
-    if init not in INITS:
-        raise ValueError(f"init={init!r} is not an initialisation scheme; valid: {', '.join(INITS)}")
-
-
-def init_weights(model: nn.Module, init: str, depth: int) -> None:
-    """Draw the weights of a freshly built language model under the scheme `init`.
-
-    - ``"gpt2"``: every `nn.Linear` / `nn.Embedding` weight ~ N(0, 0.02²), then every residual projection
-      (`*proj.weight`) ~ N(0, (0.02/√(2·depth))²). Made for widths near 768; at d = 64 it stalls learning (issue 17:
-      the needle MDLM stays at chance).
-    - ``"torch"``: PyTorch's own defaults, as the layers were built: `nn.Linear` weights ~ U(±1/√fan_in)
-      (std 1/√(3·fan_in), so it scales with width), `nn.Embedding` ~ N(0, 1). Nothing more is drawn.
-
-    LayerNorms are weight 1, bias 0 under both. On the meta device (shapes only) nothing is drawn.
-    """
-    check_init(init)
-    if init == "torch" or any(p.is_meta for p in model.parameters()):
-        return
-    for m in model.modules():
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-    for name, p in model.named_parameters():  # GPT-2: scale residual projections by depth
-        if name.endswith("proj.weight"):
-            nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
-
-
 class LanguageModel(nn.Module):
     """The shell every transformer LM here shares: embedding, `depth` pre-norm `Block`s, final norm, LM head and
     rotary tables, with a pluggable feed-forward: `feed_forward()` builds one block's (an `MLP` for
@@ -318,10 +280,21 @@ class LanguageModel(nn.Module):
 class TransformerLM(LanguageModel, RecordsConfig):
     """Token ids (batch, seq) → logits (batch, seq, vocab). `causal=False` gives the diffusion backbone.
 
-    `init` names the weight initialisation (`INITS`, see `init_weights`): ``"gpt2"`` (N(0, 0.02), the default, as
-    before) or ``"torch"`` (PyTorch's defaults, which scale with width; small models such as the d = 64 needle MDLM
-    learn only with it). Loading saved weights does not depend on it. `gradient_checkpointing=True` recomputes each
-    block's activations in the backward pass while training (non-reentrant `torch.utils.checkpoint`).
+    Small models (the d = 64 needle MDLM) learn only with `init="torch"`; loading saved weights does not depend on it.
+
+    Args:
+        vocab_size: number of token ids (embedding rows and logits); supplied from the data at build time.
+        dim: model width (embedding and residual stream size).
+        depth: number of transformer blocks.
+        heads: query heads per attention layer; must divide `dim` (head size dim/heads).
+        kv_heads: key/value heads (grouped-query attention), dividing `heads`; None: one per query head.
+        mlp_ratio: feed-forward hidden width as a multiple of `dim` (> 0).
+        max_seq_len: longest sequence (prompt plus generated tokens) the rotary tables cover.
+        causal: causal attention (a left-to-right LM); False attends both ways (the diffusion backbone).
+        dropout: dropout probability on embeddings, attention and feed-forward outputs, in [0, 1).
+        tie_embeddings: share one weight between the token embedding and the LM head.
+        init: weight initialisation, "gpt2" (N(0, 0.02²)) or "torch" (PyTorch's width-scaled defaults); `init_weights`.
+        gradient_checkpointing: recompute each block's activations in the backward pass while training, to save memory.
     """
 
     def __init__(
