@@ -6,7 +6,9 @@ features by a timm model (`--feature NAME` or `hf-hub:ORG/NAME`; default DINOv2 
 content; or texts (a `.txt` file, one per line; `.jsonl` and the other files, folders and Hub datasets `data=text`
 reads: their `--column`) embedded by `--feature MODEL` (a transformers model folder or Hub id: `HFFeatures`' pooled
 hidden states). The JSON holds the raw metrics, the hubness of the reals, and names each role; with `--correction`
-other than none, also the corrected metrics and the reals' hubness after the correction (ICDM runs only then).
+other than none, also the corrected metrics and the reals' hubness after the correction (ICDM runs only then). Each
+quantity has one name: `hubness` holds `real_k_occurrence_skewness` (raw) and, only when a correction ran,
+`real_k_occurrence_skewness_corrected` beside it.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ import torch
 from framework.devices import usable_cpus
 from framework.errors import InputError, run_cli
 from framework.metrics import inputs
-from framework.metrics.functional import CORRECTIONS, NEIGHBOURS, check_correction, prdc
+from framework.metrics.functional import CORRECTIONS, NEIGHBOURS, SKEWNESS, SKEWNESS_CORRECTED, check_correction, prdc
 
 METRICS = ("precision", "recall", "density", "coverage")
+#: what only a correction computes: reported once, in the JSON's `corrected`
+_CORRECTION_ONLY = ("icdm_", "delta_real_", "filtered")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,18 +128,20 @@ def _measure(args: argparse.Namespace, plans: list[inputs.Plan], extract: Any, f
 
 def _scores(real: np.ndarray, fake: np.ndarray, args: argparse.Namespace) -> dict[str, Any]:
     """The top-level figures (as `--correction` asks), `raw` and the reals' hubness; with a correction, also
-    `corrected` and the hubness after it. `--correction none` runs no correction at all."""
+    `corrected` and the hubness after it. `--correction none` runs no correction at all. The skewness is only in
+    `hubness`, raw and corrected side by side; the ICDM diagnostics only in `corrected`."""
     options = {"strict": not args.le, "neighbours": args.neighbours, "block_size": args.block_size}
     raw = prdc(real, fake, args.k, "none", **options)
     corrected = None if args.correction == "none" else prdc(real, fake, args.k, args.correction, **options)
-    out = {k: v for k, v in raw.items() if k != "hub_skew_real_corrected"} if corrected is None else dict(corrected)
+    chosen = raw if corrected is None else corrected
+    out = {k: v for k, v in chosen.items() if k not in (SKEWNESS, SKEWNESS_CORRECTED) and not k.startswith(
+        _CORRECTION_ONLY)}
     out["raw"] = {m: raw[m] for m in METRICS}
-    out["hubness"] = {"real_k_occurrence_skewness": raw["hub_skew_real"]}
+    out["hubness"] = {SKEWNESS: raw[SKEWNESS]}
     if corrected is not None:
         out["corrected"] = {"correction": args.correction, **{m: corrected[m] for m in METRICS},
-                            **{k: v for k, v in corrected.items() if k.startswith(("icdm_", "filtered"))}}
-        out["hubness"].update(real_k_occurrence_skewness_corrected=corrected["hub_skew_real_corrected"],
-                              corrected_by=args.correction)
+                            **{k: v for k, v in corrected.items() if k.startswith(_CORRECTION_ONLY)}}
+        out["hubness"].update({SKEWNESS_CORRECTED: corrected[SKEWNESS_CORRECTED], "corrected_by": args.correction})
     return out
 
 
@@ -213,9 +219,9 @@ def plot(real: np.ndarray, fake: np.ndarray, out: dict[str, Any], path: Path) ->
     counts = k_occurrence(knn(x, x, out["k"], self_index=torch.arange(len(real))).index, len(real)).numpy()
     hist.hist(counts, bins=min(50, int(counts.max()) + 1))
     hubness = out["hubness"]
-    title = f"hubness: skewness {hubness['real_k_occurrence_skewness']:.2f} raw"
+    title = f"hubness: skewness {hubness[SKEWNESS]:.2f} raw"
     if corrected:
-        title += f", {hubness['real_k_occurrence_skewness_corrected']:.2f} {hubness['corrected_by']}"
+        title += f", {hubness[SKEWNESS_CORRECTED]:.2f} {hubness['corrected_by']}"
     hist.set(xlabel=f"N_k: times a real is among the others' {out['k']} nearest", ylabel="reals", yscale="log",
              title=title)
     fig.suptitle(f"real: {out['roles']['real']}   generated: {out['roles']['generated']}", fontsize=9)

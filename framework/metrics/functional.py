@@ -34,6 +34,9 @@ from framework.metrics.screening import Points, prepare
 
 CORRECTIONS = ("none", "icdm", "gicdm_reconstructed")
 NEIGHBOURS = ("exact", "approx_graph")
+#: the reals' k-occurrence skewness S_Nk on the raw distances, and after the correction (present only when one ran)
+SKEWNESS = "real_k_occurrence_skewness"
+SKEWNESS_CORRECTED = SKEWNESS + "_corrected"
 _warned = False  # the reconstruction warns once per process
 
 
@@ -117,12 +120,13 @@ def prdc(
     return_factors: bool = False,
 ) -> dict[str, Any]:
     """P/R/D/C of `fake` against `real` (N, D) and (M, D) features, plus the real set's k-occurrence skewness
-    before and after the correction. `strict=False` uses Kynkäänniemi's `<=`; `block_size` is the tile edge (None:
-    1024; ≥ N is the dense path, with identical results). ICDM: `alpha`, `max_iter`, `tol`; `neighbours="exact"`
-    finds the exact corrected k-NN each iteration, over a cached screened N×N matrix up to `dense_max` real points
-    (memory) and by tiled passes beyond (time), with identical results; `"approx_graph"` re-ranks the `candidates`
-    (default 64) nearest raw neighbours (memory N·C, approximate). Reconstruction: `beta`, `filter_scales`,
-    `filter_quantile`."""
+    (`real_k_occurrence_skewness`, on the raw distances) and, when a correction ran, after it
+    (`real_k_occurrence_skewness_corrected`; absent under `correction="none"`). `strict=False` uses Kynkäänniemi's
+    `<=`; `block_size` is the tile edge (None: 1024; ≥ N is the dense path, with identical results). ICDM: `alpha`,
+    `max_iter`, `tol`; `neighbours="exact"` finds the exact corrected k-NN each iteration, over a cached screened N×N
+    matrix up to `dense_max` real points (memory) and by tiled passes beyond (time), with identical results;
+    `"approx_graph"` re-ranks the `candidates` (default 64) nearest raw neighbours (memory N·C, approximate).
+    Reconstruction: `beta`, `filter_scales`, `filter_quantile`."""
     check_correction(correction)  # called here, so that its warning points at prdc's caller
     options = PRDCOptions(strict=strict, neighbours=neighbours, alpha=alpha, max_iter=max_iter, tol=tol, beta=beta,
                           filter_scales=filter_scales, filter_quantile=filter_quantile, candidates=candidates,
@@ -173,7 +177,7 @@ def _prdc(real: Any, fake: Any, k: int, correction: str, o: PRDCOptions) -> dict
         fake_nn = knn(y, y, k, self_index=torch.arange(m, device=real.device), block_size=o.block_size)
         stats = ball_stats(y, x, real_scan.exact.values[:, -1], fake_nn.values[:, -1], strict=o.strict,
                            block_size=o.block_size)
-        skew_after, dx, dy = skew, None, None
+        skew_after, dx, dy = None, None, None
     else:
         stats, skew_after, dx, dy = _corrected_stats(x, y, real_scan, k, correction, width, o, out)
     out.update(
@@ -181,9 +185,10 @@ def _prdc(real: Any, fake: Any, k: int, correction: str, o: PRDCOptions) -> dict
         recall=int(stats.inside.sum()) / n,
         density=(1.0 / k) * (int(stats.counts.sum()) / m),
         coverage=int(stats.covered.sum()) / n,
-        hub_skew_real=skew,
-        hub_skew_real_corrected=skew_after,
     )
+    out[SKEWNESS] = skew
+    if skew_after is not None:
+        out[SKEWNESS_CORRECTED] = skew_after
     if o.return_factors:
         out["delta_real"], out["delta_fake"] = dx, dy
     return out

@@ -9,7 +9,7 @@ computation of `framework.metrics.functional.prdc` on the gathered sets and retu
     metric = GICDM(k=5)
     metric.update(real_feats, real=True)
     metric.update(fake_feats, real=False)
-    metric.compute()  # {'precision': tensor(.98), ..., 'hub_skew_real': ..., 'approx_graph': tensor(0.)}
+    metric.compute()  # {'precision': tensor(.98), ..., 'real_k_occurrence_skewness': ..., 'approx_graph': tensor(0.)}
     metric(fake_feats, real=False)  # torchmetrics' forward: update(...) plus the batch's value (see GICDM.forward)
     metric.info       # {'correction': 'none', 'n_real': ..., ...}: the non-numeric facts of the last compute()
 """
@@ -25,12 +25,18 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat, rank_zero_warn
 from torchmetrics.utilities.distributed import gather_all_tensors
 
-from framework.metrics.functional import NEIGHBOURS, check_correction, prdc
+from framework.metrics.functional import NEIGHBOURS, SKEWNESS, SKEWNESS_CORRECTED, check_correction, prdc
 
-#: what compute() returns, always, as float32 tensors
-KEYS = ("precision", "recall", "density", "coverage", "hub_skew_real", "hub_skew_real_corrected", "approx_graph")
+#: what compute() returns, as float32 tensors: P/R/D/C (corrected when a correction is set), the reals' k-occurrence
+#: skewness raw and after the correction (the second only under a correction: see `result_keys`), approx_graph
+KEYS = ("precision", "recall", "density", "coverage", SKEWNESS, SKEWNESS_CORRECTED, "approx_graph")
 _OPTIONS = ("alpha", "max_iter", "tol", "beta", "filter_scales", "filter_quantile", "candidates", "dense_max",
             "block_size")
+
+
+def result_keys(correction: str) -> tuple[str, ...]:
+    """The keys `GICDM(correction=...).compute()` returns: `KEYS`, less the corrected skewness under 'none'."""
+    return KEYS if correction != "none" else tuple(key for key in KEYS if key != SKEWNESS_CORRECTED)
 
 
 def _rows(state: list[Tensor] | Tensor) -> int:
@@ -138,7 +144,8 @@ class GICDM(Metric):
         return batch
 
     def compute(self) -> dict[str, Tensor]:
-        """The `KEYS` as float32 tensors (loggable as they are); strings and counts go to `self.info`."""
+        """`result_keys(correction)` as float32 tensors (loggable as they are); strings and counts go to `self.info`.
+        """
         n_real, n_fake = _rows(self.real_features), _rows(self.fake_features)
         if (not n_real or not n_fake) and self._in_forward:  # a one-sided batch: NaN, the global state survives
             if not self._warned_one_sided:
@@ -150,7 +157,8 @@ class GICDM(Metric):
                     stacklevel=3,  # points at this line, not at torchmetrics' helper
                 )
             self.info = {"n_real": n_real, "n_fake": n_fake}
-            return {key: torch.tensor(float("nan"), dtype=torch.float32, device=self.device) for key in KEYS}
+            return {key: torch.tensor(float("nan"), dtype=torch.float32, device=self.device)
+                    for key in result_keys(self.correction)}
         if not n_real or not n_fake:
             raise RuntimeError(
                 f"GICDM needs real and generated features; got {n_real} real and {n_fake} generated feature vectors"
@@ -162,7 +170,8 @@ class GICDM(Metric):
         out["approx_graph"] = float(out.get("neighbours") == "approx_graph")
         self.info = {key: v for key, v in out.items() if key not in KEYS}
         self.info.update(n_real=int(real.shape[0]), n_fake=int(fake.shape[0]))
-        return {key: torch.tensor(out[key], dtype=torch.float32, device=real.device) for key in KEYS}
+        return {key: torch.tensor(out[key], dtype=torch.float32, device=real.device)
+                for key in result_keys(self.correction)}
 
     def _sync_dist(self, dist_sync_fn: Callable = gather_all_tensors, process_group: Any | None = None) -> None:
         """torchmetrics' sync, except that replicated reals stay this rank's copy (checked equal on every rank)."""

@@ -10,10 +10,14 @@ from pathlib import Path
 from typing import Any
 
 METRICS = ("precision", "recall", "density", "coverage")
+#: the reals' k-occurrence skewness, raw and after the correction (a row under correction none has no corrected one);
+#: the names `framework.metrics.functional` gives them
+SKEWNESS, SKEWNESS_CORRECTED = "real_k_occurrence_skewness", "real_k_occurrence_skewness_corrected"
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean and standard deviation over seeds of every metric, per (label, correction), in first-seen order."""
+    """Mean and standard deviation over seeds of every metric, per (label, correction), in first-seen order (the
+    corrected skewness only for a correction that computed one)."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         groups[(row["label"], row["correction"])].append(row)
@@ -21,7 +25,9 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for group in groups.values():
         agg = {k: group[0][k] for k in ("label", "scenario", "d", "param", "correction")}
         agg["seeds"] = len(group)
-        for key in (*METRICS, "hub_skew_real", "hub_skew_real_corrected", "seconds"):
+        for key in (*METRICS, SKEWNESS, SKEWNESS_CORRECTED, "seconds"):
+            if key not in group[0]:
+                continue
             values = [float(r[key]) for r in group]
             mean = sum(values) / len(values)
             agg[key] = mean
@@ -40,8 +46,8 @@ def markdown_table(agg: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, per in by_label.items():
         first = next(iter(per.values()))
-        after = [f"{a['hub_skew_real_corrected']:.2f}" for c, a in per.items() if c != "none"]
-        skew = f"{first['hub_skew_real']:.2f} → {after[0]}" if after else f"{first['hub_skew_real']:.2f}"
+        after = [f"{a[SKEWNESS_CORRECTED]:.2f}" for a in per.values() if SKEWNESS_CORRECTED in a]
+        skew = f"{first[SKEWNESS]:.2f} → {after[0]}" if after else f"{first[SKEWNESS]:.2f}"
         cells = [label, str(first["d"]), str(first["seeds"]), skew]
         for c in corrections:
             a = per.get(c)
@@ -64,9 +70,9 @@ def plot_hubness(agg: list[dict[str, Any]], png: Path) -> None:
             ds = [d for d, _ in pts]
             if key == "skew":
                 if c == "none":
-                    ax.plot(ds, [a["hub_skew_real"] for _, a in pts], marker="o", label="raw")
+                    ax.plot(ds, [a[SKEWNESS] for _, a in pts], marker="o", label="raw")
                 else:
-                    ax.plot(ds, [a["hub_skew_real_corrected"] for _, a in pts], marker="s", label=f"after {c}")
+                    ax.plot(ds, [a[SKEWNESS_CORRECTED] for _, a in pts], marker="s", label=f"after {c}")
                 continue
             ax.errorbar(ds, [a[key] for _, a in pts], yerr=[a[key + "_std"] for _, a in pts], marker="o",
                         capsize=2, label=c)

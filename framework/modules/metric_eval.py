@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from framework.metrics.functional import CORRECTIONS, check_correction, prdc
-from framework.metrics.report import METRICS, write_report
+from framework.metrics.report import METRICS, SKEWNESS, SKEWNESS_CORRECTED, write_report
 
 
 class MetricEval(L.LightningModule):
@@ -131,8 +131,8 @@ class MetricEval(L.LightningModule):
         for a in agg:
             for key in METRICS:
                 self.summary[f"{a['label']}/{key}_{a['correction']}"] = a[key]
-            self.summary[f"{a['label']}/skew_raw"] = a["hub_skew_real"]
-            if a["correction"] != "none":
-                self.summary[f"{a['label']}/skew_{a['correction']}"] = a["hub_skew_real_corrected"]
+            self.summary[f"{a['label']}/{SKEWNESS}"] = a[SKEWNESS]
+            if SKEWNESS_CORRECTED in a:
+                self.summary[f"{a['label']}/{SKEWNESS_CORRECTED}_{a['correction']}"] = a[SKEWNESS_CORRECTED]
         for key, value in self.summary.items():
             self.log(key, value, rank_zero_only=False, sync_dist=False)

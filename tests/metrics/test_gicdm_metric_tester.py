@@ -28,7 +28,7 @@ from framework.metrics import GICDM, prdc
 
 K = 5
 PRDC = ("precision", "recall", "density", "coverage")
-KEYS = (*PRDC, "hub_skew_real", "hub_skew_real_corrected", "approx_graph")
+KEYS = (*PRDC, "real_k_occurrence_skewness", "approx_graph")  # correction none: no corrected skewness
 N_BATCHES, BATCH, DIM = 4, 32, 16  # 4 batches: 2 per rank under DDP
 
 
@@ -52,8 +52,7 @@ def reference(preds: Tensor, target: Tensor) -> dict[str, float]:
     preds, target = preds.reshape(-1, DIM).float(), target.reshape(-1, DIM).float()
     out = {k: float(v) for k, v in prdc_ref.compute_prdc(target.numpy(), preds.numpy(), nearest_k=K).items()}
     ours = prdc(target, preds, K)
-    return {**out, "hub_skew_real": ours["hub_skew_real"], "hub_skew_real_corrected": ours["hub_skew_real_corrected"],
-            "approx_graph": 0.0}
+    return {**out, "real_k_occurrence_skewness": ours["real_k_occurrence_skewness"], "approx_graph": 0.0}
 
 
 def floats(out: dict[str, Tensor]) -> dict[str, float]:

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-KEYS = ("precision", "recall", "density", "coverage", "hub_skew_real")
+KEYS = ("precision", "recall", "density", "coverage", "real_k_occurrence_skewness")
 
 
 def sets() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -52,8 +52,8 @@ def test_raw_density_mean_over_seeds_is_one_at_d1024():
 
 # -- 3. hubness diagnostics and ICDM ----------------------------------------------------------------------------
 def test_k_occurrence_skewness_grows_with_dimension():
-    assert gauss(2, "none")["hub_skew_real"] < 0.3
-    assert gauss(64, "none")["hub_skew_real"] > 4
+    assert gauss(2, "none")["real_k_occurrence_skewness"] < 0.3
+    assert gauss(64, "none")["real_k_occurrence_skewness"] > 4
     real = gaussian_pair(N, 2048, 0)[0]
     p = prepare(real, real.double().mean(0))
     assert hubness(knn(p, p, K, self_index=torch.arange(N)).index)["skewness"] > 8
@@ -70,7 +70,7 @@ def test_hubness_of_known_graphs():
 
 def test_icdm_removes_hubness_and_converges_at_d1024():
     out = gauss(1024, RECON)
-    assert out["hub_skew_real"] > 4 and out["hub_skew_real_corrected"] < 1.5
+    assert out["real_k_occurrence_skewness"] > 4 and out["real_k_occurrence_skewness_corrected"] < 1.5
     assert out["icdm_converged"] and out["icdm_spread"] < 1e-3 and out["icdm_iterations"] <= 50
 
 

@@ -104,8 +104,9 @@ def test_two_folders_are_scored_in_a_fresh_process_with_roles_revision_and_raw_a
     for m in METRICS:
         assert out["raw"][m] == pytest.approx(raw[m], abs=1e-9)
         assert out["corrected"][m] == pytest.approx(icdm[m], abs=1e-9) == out[m]
-    assert out["hubness"]["real_k_occurrence_skewness"] == pytest.approx(raw["hub_skew_real"])
-    assert out["hubness"]["real_k_occurrence_skewness_corrected"] == pytest.approx(icdm["hub_skew_real_corrected"])
+    assert out["hubness"]["real_k_occurrence_skewness"] == pytest.approx(raw["real_k_occurrence_skewness"])
+    assert out["hubness"]["real_k_occurrence_skewness_corrected"] == pytest.approx(
+        icdm["real_k_occurrence_skewness_corrected"])
 
 
 def test_the_cache_is_reused_for_a_renamed_folder_and_missed_when_one_file_changes(pushed, folders, tmp_path,

@@ -16,7 +16,8 @@ from framework.modules.metric_eval import MetricEval
 from framework.registry import METRICS
 
 torch.set_num_threads(1)
-KEYS = ("precision", "recall", "density", "coverage", "hub_skew_real", "hub_skew_real_corrected")
+SKEW, SKEW_CORRECTED = "real_k_occurrence_skewness", "real_k_occurrence_skewness_corrected"
+KEYS = ("precision", "recall", "density", "coverage", SKEW)  # a correction adds SKEW_CORRECTED
 pytestmark = pytest.mark.filterwarnings("ignore::framework.metrics.ReconstructionWarning")
 
 
@@ -25,8 +26,13 @@ def sets(seed: int = 0, n: int = 300, m: int = 240, d: int = 32) -> tuple[torch.
     return torch.randn(n, d, generator=g), torch.randn(m, d, generator=g) * 1.1
 
 
-def as_floats(out: dict) -> dict:
-    return {k: float(out[k]) for k in KEYS}
+def keys(correction: str = "none") -> tuple[str, ...]:
+    """What compute() and prdc() give under `correction` (beside approx_graph and prdc's facts)."""
+    return KEYS if correction == "none" else (*KEYS, SKEW_CORRECTED)
+
+
+def as_floats(out: dict, correction: str = "none") -> dict:
+    return {k: float(out[k]) for k in keys(correction)}
 
 
 @pytest.mark.parametrize("correction", ["none", "gicdm_reconstructed"])
@@ -40,7 +46,8 @@ def test_metric_in_batches_equals_the_functional_on_the_concatenated_sets(correc
     out = metric.compute()
     ref = prdc(real, fake, 5, correction)
     assert metric.info["correction"] == correction and metric.info["n_real"] == 300
-    assert as_floats(out) == pytest.approx({k: ref[k] for k in KEYS}, abs=1e-6)  # tensors are float32
+    assert set(out) == {*keys(correction), "approx_graph"} and (SKEW_CORRECTED in ref) == (correction != "none")
+    assert as_floats(out, correction) == pytest.approx(as_floats(ref, correction), abs=1e-6)  # tensors are float32
 
 
 def test_defaults_everywhere_are_the_raw_metrics_of_prdc():
@@ -79,7 +86,7 @@ def test_compute_returns_tensors_only_so_log_dict_accepts_it(correction):
     logged = trainer.validate(_Logs(real, fake, correction), torch.utils.data.DataLoader(torch.zeros(1, 1)),
                               verbose=False)[0]
     ref = prdc(real, fake, 5, correction)
-    assert logged == pytest.approx({**{k: ref[k] for k in KEYS}, "approx_graph": 0.0}, abs=1e-6)
+    assert logged == pytest.approx({**as_floats(ref, correction), "approx_graph": 0.0}, abs=1e-6)
 
 
 def test_states_are_lists_that_sync_by_concatenation_and_reset_keeps_real_features_on_request():
@@ -139,7 +146,8 @@ def test_cli_prints_the_metrics_as_json(tmp_path, capsys):
     assert main([str(tmp_path / "real.npy"), str(tmp_path / "fake.npy"), "--k", "4"]) == 0
     out = json.loads(capsys.readouterr().out)
     ref = prdc(real, fake, 4)
-    assert {k: out[k] for k in KEYS[:5]} == {k: ref[k] for k in KEYS[:5]}
+    assert {k: out[k] for k in KEYS[:4]} == {k: ref[k] for k in KEYS[:4]}
+    assert out["hubness"] == {SKEW: ref[SKEW]}
     assert out["correction"] == "none" and out["n_real"] == 200 and out["dim"] == 16
     assert main([str(tmp_path / "real.npy"), str(tmp_path / "fake.npy"), "--correction", "gicdm"]) == 2
     assert "correction='gicdm_reconstructed'" in capsys.readouterr().err
@@ -192,14 +200,45 @@ def test_cli_with_the_correction_off_never_runs_icdm_and_prints_no_corrected_fig
     raw = prdc(real, fake)
     assert out["correction"] == "none" and out["raw"] == {m: raw[m] for m in KEYS[:4]}
     assert not [key for key in _keys(out) if "corrected" in key or key.startswith("icdm")], out
-    assert out["hubness"] == {"real_k_occurrence_skewness": raw["hub_skew_real"]}
+    assert out["hubness"] == {SKEW: raw[SKEW]}
     assert (tmp_path / "fig.png").stat().st_size > 1000
     assert main([*argv, "--correction", "icdm"]) == 0
     out, icdm = json.loads(capsys.readouterr().out), prdc(real, fake, 5, "icdm")
     assert out["corrected"] == {"correction": "icdm", **{m: icdm[m] for m in KEYS[:4]},
-                                **{k: v for k, v in icdm.items() if k.startswith("icdm_")}}
+                                **{k: v for k, v in icdm.items() if k.startswith(("icdm_", "delta_real_"))}}
     assert out["raw"] == {m: raw[m] for m in KEYS[:4]} and out["precision"] == icdm["precision"]
-    assert out["hubness"]["real_k_occurrence_skewness_corrected"] == icdm["hub_skew_real_corrected"]
+    assert out["hubness"] == {SKEW: raw[SKEW], SKEW_CORRECTED: icdm[SKEW_CORRECTED], "corrected_by": "icdm"}
+
+
+@pytest.mark.parametrize("correction", ["none", "icdm"])
+def test_cli_json_names_each_quantity_once_raw_and_corrected_side_by_side(tmp_path, capsys, correction):
+    """Issue 53: the JSON gave the reals' skewness twice under two names (`hub_skew_real_corrected`, equal to the raw
+    one under `--correction none`, and `hubness.real_k_occurrence_skewness_corrected`). Now `hubness` alone holds it,
+    raw and corrected side by side, and without a correction no corrected value is there at all."""
+    from collections import Counter
+
+    from framework.metrics.__main__ import main
+
+    argv, real, fake = _sides(tmp_path)
+    assert main([*argv, "--correction", correction]) == 0
+    out = json.loads(capsys.readouterr().out)
+    names = Counter(_keys({k: v for k, v in out.items() if k not in ("real", "fake")}))  # the sides' own entries
+    raw = prdc(real, fake)
+    assert [k for k in names if "skew" in k] == ([SKEW] if correction == "none" else [SKEW, SKEW_CORRECTED])
+    assert names[SKEW] == 1 and names[SKEW_CORRECTED] <= 1
+    assert out["hubness"][SKEW] == raw[SKEW]
+    if correction == "none":
+        assert out["hubness"] == {SKEW: raw[SKEW]} and "corrected" not in out
+        assert not [k for k in names if "corrected" in k or k.startswith(("icdm", "delta"))], names
+        return
+    icdm = prdc(real, fake, 5, "icdm")
+    assert out["hubness"] == {SKEW: raw[SKEW], SKEW_CORRECTED: icdm[SKEW_CORRECTED], "corrected_by": "icdm"}
+    assert icdm[SKEW_CORRECTED] != raw[SKEW]
+    # the P/R/D/C are raw and corrected side by side (the top level repeats --correction's, as documented); every
+    # other quantity is named once
+    assert {k for k, n in names.items() if n > 1} == {*KEYS[:4], "correction"}
+    assert out["raw"] == {m: raw[m] for m in KEYS[:4]} and {m: out[m] for m in KEYS[:4]} == {
+        m: out["corrected"][m] for m in KEYS[:4]}
 
 
 def test_cli_threads_sets_torchs_thread_count_for_the_computation_and_zero_is_refused(tmp_path, capsys, monkeypatch):

@@ -29,6 +29,12 @@ def test_validation_writes_the_table_json_and_plots_and_logs_seed_means(tmp_path
     assert len(rows) == (2 * 2 + 2) * 2  # (dims × seeds + OOD fractions) × corrections
     seeds = [prdc(*gaussian_pair(120, 32, s), 3, "gicdm_reconstructed")["precision"] for s in (0, 1)]
     assert logged["gauss_d32/precision_gicdm_reconstructed"] == pytest.approx(sum(seeds) / 2, abs=1e-6)
+    # the skewness under the names prdc gives it: raw once per configuration, corrected per correction that ran
+    raw = [prdc(*gaussian_pair(120, 32, s), 3)["real_k_occurrence_skewness"] for s in (0, 1)]
+    assert logged["gauss_d32/real_k_occurrence_skewness"] == pytest.approx(sum(raw) / 2, abs=1e-6)
+    assert [k for k in logged if k.startswith("gauss_d32/real_k")] == [
+        "gauss_d32/real_k_occurrence_skewness", "gauss_d32/real_k_occurrence_skewness_corrected_gicdm_reconstructed"]
+    assert not any("corrected" in k for r in rows if r["correction"] == "none" for k in r)
     table = (tmp_path / "gicdm_eval.md").read_text()
     assert "| gauss_d32 | 32 | 2 |" in table and "none: P / R / D / C" in table
 
