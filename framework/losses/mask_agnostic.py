@@ -166,13 +166,23 @@ def _convention_tolerance(dtype: torch.dtype) -> float:
 class MaskAgnosticLoss(nn.Module):
     """CE on the targets in a few-mask view x(k1) and a many-mask view x(k2), plus lam * D(p^(k1), p^(k2)).
 
-    A reconstruction from the paper's abstract and summaries (inferred); see the module docstring.
-    k2 ~ U{k1+1..k_max}, drawn once per batch or per example. With `batch_views` both views go through one
-    forward pass of 2B rows, right-padded with PAD that a key-padding mask hides from attention; without it each
-    view has its own pass, so a model without a key-padding mask works when tails are shared (`per_batch`).
-    `mask_true_means`: what True means in the key_padding_mask the model gets, "real" (a real token: framework
-    models, Hugging Face) or "padding" (PyTorch's nn.MultiheadAttention convention). The first padded batch
-    checks that padding hidden that way leaves the model's real positions unchanged, and refuses it otherwise.
+    A reconstruction from the paper's abstract and summaries (inferred); see the module docstring. The first padded
+    batch checks that padding hidden as `mask_true_means` says leaves the model's real positions unchanged.
+
+    Args:
+        mask_id: token id of [MASK]; supplied from the data (or the mdlm module's appended one) at build time.
+        pad_id: token id of padding, different from `mask_id`; supplied from the data at build time.
+        lam: weight λ of the divergence between the two views, ≥ 0; 0 leaves the CE terms alone (the ablations).
+        k1: extra [MASK] tokens appended after the targets in the few-mask view, ≥ 0.
+        k_max: most extra masks in the many-mask view: k2 ~ U{k1+1..k_max}.
+        divergence: D between the views' predictions: "tv", "tv_symmetric", "kl" or "js".
+        stopgrad_anchor: detach the few-mask view inside D (it is the teacher); None: True unless "tv_symmetric".
+        ce_views: views that get the cross-entropy: "both" (their mean), "few", "many" or "none".
+        k_sampling: draw k2 once per batch ("per_batch") or per row ("per_example").
+        partial_target_prob: probability that a row shows a random fraction of its targets in both views, in [0, 1].
+        batch_views: run both views in one forward pass of 2B rows, right-padded and hidden by a key-padding mask.
+            False gives each view its own pass, so a model without a key-padding mask works with `per_batch`.
+        mask_true_means: what True means in the model's key-padding mask: "real" (a real token) or "padding" (PyTorch).
     """
 
     def __init__(

@@ -100,15 +100,20 @@ class CausalLM(TrainModule):
     Agent) gets a language model's per-row view of both: `features`, each row's final hidden state (the output
     head's input, the penultimate feature of the Data Agent's state) averaged over its supervised positions, and
     `token_stats` (`token_stats`: the per-row means its reward is built from) in place of per-token logits.
+
+    Args:
+        model: the network to train, or a factory given the data's sizes; supplied by the framework at build time.
+        optimizer: factory `(named_parameters) -> Optimizer`, from `optimizer=`; None: AdamW at lr 1e-3.
+        scheduler: factory `(optimizer, total_steps) -> LR scheduler`, from `scheduler=`; None: a constant lr.
+        vocab_size: the data's vocabulary size, handed to a model factory; supplied from the data at build time.
+        prompt_length: score only the tokens after each row's first `prompt_length` (prompt masking); 0 scores all.
+        chunked_loss: build the logits a few rows at a time from the head's input, never holding (batch, seq, vocab).
+            They are rebuilt in the backward pass (`framework.modules.head_loss`); where the model changes its head's
+            output (or FSDP shards the head), the logits are taken whole as with `chunked_loss=False`.
     """
 
     def __init__(self, model, optimizer=None, scheduler=None, vocab_size: int | None = None, prompt_length: int = 0,
                  chunked_loss: bool = True):
-        """`prompt_length > 0` scores only the tokens after each row's first `prompt_length` (prompt masking).
-        `chunked_loss`: take the CE from the output head's input, the logits built at the supervised positions a few
-        rows at a time and rebuilt in the backward pass (`framework.modules.head_loss`), so the whole (batch, seq,
-        vocab) logits and their gradient are never held; where the model changes its head's output (or FSDP shards
-        the head), the logits are taken whole as with `chunked_loss=False`."""
         super().__init__(model, optimizer, scheduler, **({"vocab_size": vocab_size} if vocab_size else {}))
         if prompt_length < 0:
             raise ValueError(f"prompt_length={prompt_length} must be >= 0 (0 scores every token)")

@@ -28,7 +28,16 @@ def logits_and_features(model: nn.Module, x: Tensor) -> tuple[Tensor, Tensor | N
 
 
 class Classifier(TrainModule):
-    """Cross-entropy classifier; logs train/loss, val/loss, val/acc. `label_smoothing` applies to training."""
+    """Cross-entropy classifier; logs train/loss, val/loss, val/acc.
+
+    Args:
+        model: the network to train, or a factory given the data's sizes; supplied by the framework at build time.
+        optimizer: factory `(named_parameters) -> Optimizer`, from `optimizer=`; None: AdamW at lr 1e-3.
+        scheduler: factory `(optimizer, total_steps) -> LR scheduler`, from `scheduler=`; None: a constant lr.
+        num_classes: number of classes (≥ 2), handed to a model factory; supplied from the data at build time.
+        input_shape: shape of one input example, handed to a model factory; supplied from the data at build time.
+        label_smoothing: label smoothing ε of the training cross-entropy, in [0, 1); validation uses none.
+    """
 
     def __init__(
         self,

@@ -76,6 +76,25 @@ class MDLMModule(TrainModule):
     gets key-padding masks as True = real token, unless the extra loss says otherwise (`mask_true_means="padding"`,
     PyTorch's convention): then the NELBO's masks are inverted for it too. An MoE model's balance loss is added in
     training.
+
+    Args:
+        model: the network to train, or a factory given the data's sizes; supplied by the framework at build time.
+        optimizer: factory `(named_parameters) -> Optimizer`, from `optimizer=`; None: AdamW at lr 1e-3.
+        scheduler: factory `(optimizer, total_steps) -> LR scheduler`, from `scheduler=`; None: a constant lr.
+        vocab_size: the data's vocabulary size, handed to a model factory; supplied from the data at build time.
+        mask_id: token id of [MASK]; None appends one after the data's vocabulary (id `vocab_size`, vocabulary + 1).
+        sampling_eps: ε of the log-linear noise schedule: at t = 1 a token stays unmasked with probability ε.
+        sft_fraction: fraction of rows, in [0, 1], that keep their prompt unmasked (LLaDA SFT masking).
+        ema_decay: decay of an EMA copy of the weights used to evaluate and sample, in [0, 1); 0: no EMA.
+        extra_loss: a loss `(model, prompt, target, prompt_lengths) -> (loss, stats)` added to the NELBO; None: none.
+        extra_loss_weight: multiplier of `extra_loss` in the training loss.
+        extra_loss_after: global step from which `extra_loss` is added; before it only the NELBO trains.
+        mdlm_weight: multiplier of the NELBO in the training loss; 0 trains on the extra loss alone.
+        target_len: tokens right after each prompt that are the extra loss's targets (≥ 1).
+        reduction: training NELBO average: "tokens" (over all real tokens, MDLM) or "response" (per row, LLaDA SFT).
+        lora_rank: rank of LoRA adapters added to the model before training; 0: full fine-tuning.
+        lora_alpha: LoRA scale numerator (adapters scaled by alpha / rank); used only when `lora_rank` > 0.
+        lora_targets: names of the layers that get LoRA adapters when `lora_rank` > 0.
     """
 
     def __init__(

@@ -26,7 +26,18 @@ from framework.metrics.report import METRICS, SKEWNESS, SKEWNESS_CORRECTED, writ
 class MetricEval(L.LightningModule):
     """Evaluates `corrections` of P/R/D/C with neighbourhood size `k` on every validation configuration (default:
     the raw metrics only; add 'icdm' or 'gicdm_reconstructed' to compare corrections). With `metric` (a torchmetrics
-    Metric such as `GICDM`; `metric=gicdm` on the command line) it evaluates that metric instead, with its settings."""
+    Metric such as `GICDM`; `metric=gicdm` on the command line) it evaluates that metric instead, with its settings.
+
+    Args:
+        model: frozen feature extractor applied to the inputs, or a factory of one; None: the data are features already.
+        optimizer: ignored: nothing is trained (a placeholder parameter steps at lr 0).
+        scheduler: ignored, as `optimizer`.
+        k: neighbourhood size of P/R/D/C: each point's ball reaches its k-th nearest neighbour (≥ 1).
+        corrections: hubness corrections to evaluate, from "none", "icdm", "gicdm_reconstructed".
+        out_dir: folder for the report table, JSON and plots; None: the trainer's root dir (the run dir).
+        report_name: file stem of the report (`{report_name}.json`, `.md`).
+        metric: a torchmetrics Metric (e.g. `GICDM`) evaluated instead of the k × corrections grid; None: the grid.
+    """
 
     def __init__(
         self,
