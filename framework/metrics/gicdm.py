@@ -56,17 +56,19 @@ def _fingerprint(x: Tensor) -> Tensor:
 class GICDM(Metric):
     """Exact P/R/D/C (prdc conventions) with the real set's k-occurrence skewness before and after the correction.
 
-    `feature`: an `nn.Module` mapping inputs to (B, D) features (e.g. `timm.create_model(..., num_classes=0)` or
-    `framework.hub.from_pretrained(...)`); None means inputs are features. `correction`: 'none' (raw, default),
-    'icdm' (real factors only) or 'gicdm_reconstructed' (ours; warns once). `neighbours`: 'exact' (default) or
-    'approx_graph' (ICDM on a candidate graph); `approx_graph` in the result is 1.0 when the approximation ran.
-    `strict=False` uses Kynkäänniemi's `<=`. `reset_real_features=False` keeps the real features across `reset()`
-    (evaluate many generators against one reference). `real_replicated=True` says every process holds the same real
-    set (a reference each rank loads whole): under DDP it is then counted once, not gathered from every rank, and a
-    rank holding other reals is an error; by default reals, like generated features, are each rank's shard and are
-    concatenated. Other keyword arguments of `prdc` (alpha, max_iter, tol, beta, filter_scales, filter_quantile,
-    candidates, dense_max, block_size) go in `options`; the rest (e.g. `compute_on_cpu=True`) to torchmetrics'
-    `Metric`.
+    `approx_graph` in the result is 1.0 when the approximate neighbours ran. Other keyword arguments (e.g.
+    `compute_on_cpu=True`) go to torchmetrics' `Metric`.
+
+    Args:
+        feature: module mapping inputs to (B, D) features (e.g. a timm model, num_classes=0); None: inputs are features.
+        k: neighbourhood size: each point's ball reaches its k-th nearest neighbour (prdc uses 5).
+        correction: hubness correction: "none" (raw), "icdm" (real factors only) or "gicdm_reconstructed" (ours).
+        strict: count a point inside a ball only when strictly closer than its radius; False uses Kynkäänniemi's `<=`.
+        neighbours: "exact" neighbours, or "approx_graph" (ICDM on a candidate graph).
+        reset_real_features: clear the real features on `reset()`; False keeps one reference for many generators.
+        options: further `prdc` options (alpha, max_iter, tol, beta, filter_scales, filter_quantile, candidates, ...).
+        real_replicated: every process holds the same real set, so under DDP it is counted once, not gathered.
+            A rank holding other reals is then an error; by default reals, like fakes, are per-rank shards.
     """
 
     is_differentiable = False
