@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 from pathlib import Path
+from typing import Any
 
 from framework.errors import run_cli
 from framework.hub.common import CARD_NAME
-from framework.hub.formats import model_spec
+from framework.hub.formats import TRANSFORMERS, model_spec
 from framework.hub.load import download, load_model
 from framework.hub.push import push_to_hub, record_push
 
@@ -44,8 +45,23 @@ def _pull(args: argparse.Namespace) -> None:
     model, config, commit, weights = load_model(args.repo_id, args.revision)
     with contextlib.suppress(EntryNotFoundError):  # the card is for people; the model does not need it
         download(args.repo_id, CARD_NAME, commit or args.revision)
-    params = sum(p.numel() for p in model.parameters())
-    spec = model_spec(config)
-    values = ", ".join(f"{k}={v}" for k, v in spec.values.items())
     print(f"downloaded {args.repo_id}@{commit or args.revision or 'main'} to {Path(weights).parent}")
-    print(f"{spec.name} ({type(model).__name__}, {params:,} parameters): {values}")
+    print(summary(model, config))
+
+
+#: what a transformers config.json says of a model's shape, in the pull summary (the keys it has)
+SHAPE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "num_local_experts", "num_experts")
+
+
+def summary(model: Any, config: dict[str, Any]) -> str:
+    """One line: the model's name, class and parameter count, and the values it was built with (a transformers
+    model: the shape its config.json gives; a timm model built with none: timm's defaults)."""
+    spec = model_spec(config)
+    values = dict(spec.values)
+    if spec.format == TRANSFORMERS:
+        values = {key: config[key] for key in SHAPE_KEYS if config.get(key) is not None}
+    head = f"{spec.name} ({type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters)"
+    if not values:
+        return f"{head}, built with the defaults of {spec.name}"
+    return f"{head}: " + ", ".join(f"{k}={v}" for k, v in values.items())
