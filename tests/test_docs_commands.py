@@ -4,11 +4,12 @@ As in tests/test_readme_commands.py, `python` is this interpreter and `FRAMEWORK
 its recipe's smoke size. A doc's lines run in one empty directory, which is also HOME (so `~` lands inside it), as a
 reader would type them into one shell: `export` sets the session's environment and a line ending in `&` starts a
 background process. A session whose doc does not serve its own Hub gets the one docs/hub.md serves, `python -m
-framework.local_hub`, with HF_ENDPOINT and HF_TOKEN exported, so every push and pull stays on this machine. The
-substitutions a reader makes are made here, and only these: a `[--option VALUE]` group is optional and left out, the
-PLACEHOLDERS get a value from the session, and the printed port 8765 becomes a free one. Lines that cannot run here
-are in SKIPPED, each with its reason; a test checks that each still names a printed line. docs/hub.md runs in the
-fast suite; the other docs, whose sessions take minutes, are `slow`.
+framework.local_hub`, with HF_ENDPOINT and HF_TOKEN exported, so every push and pull stays on this machine. Every
+line is pasteable as printed: no `[--option VALUE]` group, no `...` and no ALL-CAPS word for the reader to fill in
+(optional flags and placeholders are in the prose, as `<...>`; a test checks). The one substitution made here is the
+printed port 8765, which becomes a free one. Lines that cannot run here are in SKIPPED, each with its reason; a test
+checks that each still names a printed line. docs/hub.md runs in the fast suite; the other docs, whose sessions take
+minutes, are `slow`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import shlex
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,8 @@ FAST = {"hub.md"}
 SKIPPED = {
     ".venv/bin/python -m pytest": "the test suite itself (`make test` and `make test-slow` run it)",
     "python tools/bench/": "benchmarks: minutes of timing for a quiet machine, and run_all.py rewrites BENCHMARKS.md",
-    "ckpt_path=RUN/checkpoints/step000300.ckpt": "needs the full-size run (growth at step 200, a checkpoint at 300)",
+    "ckpt_path=runs/moe-growth/checkpoints/step000300.ckpt": "needs the full-size run (growth at step 200, a "
+                                                             "checkpoint at 300)",
     "runs/mdlm-text/checkpoints/step000200.ckpt": "needs the full-size run's step-200 checkpoint (smoke runs 4 steps)",
     "generate local-user/mdlm-text": "needs that repo on the Hub; docs/hub.md's walkthrough pushes one the same way",
     "data.source=my_": "the reader's own files (tests/data/test_user_text.py writes such files, trains on them)",
@@ -46,12 +47,12 @@ SKIPPED = {
                                                           "lines run it as printed; tests/models/test_timm_models.py "
                                                           "opens a push in a fresh process)",
 }
-#: placeholder → how the session fills it (from what the doc's earlier commands wrote in `cwd`)
-PLACEHOLDERS: dict[str, Callable[[Path], str]] = {
-    "RUN_DIR_OR_CKPT_OR_REPO": lambda cwd: str(sorted((cwd / "outputs" / "train").iterdir())[0]),
-    "DIR": lambda cwd: "grown",  # the output directory a reader names
-}
 PRINTED_PORT = "8765"
+#: a word the reader would have to replace: two or more capitals, digits or underscores standing alone; not a
+#: variable being set (`export HF_ENDPOINT=...`, `OMP_NUM_THREADS=1 python ...`) or read (`$HF_TOKEN`), and not
+#: inside a quoted string (a prompt may hold an acronym)
+PLACEHOLDER = re.compile(r"(?<![\w${])[A-Z][A-Z0-9_]*[A-Z0-9](?![\w=])")
+QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 
 
 def commands(doc: Path) -> list[tuple[str, list[str]]]:
@@ -63,6 +64,12 @@ def commands(doc: Path) -> list[tuple[str, list[str]]]:
             if argv:
                 found.append((line.split(" #")[0].strip(), argv))
     return found
+
+
+def unpasteable(line: str) -> list[str]:
+    """What in a printed command line (its comment dropped) a reader could not paste: an optional `[--...]` group,
+    `...`, a placeholder word."""
+    return [mark for mark in ("[--", "...") if mark in line] + PLACEHOLDER.findall(QUOTED.sub("", line))
 
 
 def skip_reason(line: str) -> str | None:
@@ -84,14 +91,8 @@ class Session:
         self.background: list[subprocess.Popen] = []
 
     def expand(self, argv: list[str]) -> list[str]:
-        """The reader's substitutions: optional `[...]` groups out, placeholders and `~` filled, the port freed."""
-        out, optional = [], False
-        for arg in argv:
-            optional = optional or arg.startswith("[")
-            if not optional:
-                arg = PLACEHOLDERS[arg](self.cwd) if arg in PLACEHOLDERS else arg
-                out.append(arg.replace("~", str(self.cwd), 1) if arg.startswith("~") else arg)
-            optional = optional and not arg.endswith("]")
+        """What the shell and this test do to a printed line: `~` is this HOME, the printed port a free one."""
+        out = [arg.replace("~", str(self.cwd), 1) if arg.startswith("~") else arg for arg in argv]
         return [a.replace(PRINTED_PORT, self.port) for a in out]
 
     def serve_hub(self, args: list[str]) -> str:
@@ -148,6 +149,23 @@ def test_every_doc_command_is_run_or_skipped_for_a_stated_reason():
     assert all(any(fragment in line for line in lines) for fragment in SKIPPED), "a SKIPPED entry names no line"
     ran = [line for line in lines if skip_reason(line) is None]
     assert all(line.startswith(("python -m framework.", "export ")) for line in ran), ran
+    bad = {f"{doc.name}: {line}": unpasteable(line) for doc in DOCS for line, _ in commands(doc) if unpasteable(line)}
+    assert not bad, f"lines a reader cannot paste as printed (say it in the prose, as <...>): {bad}"
+
+
+def test_the_pasteable_check_tells_placeholders_from_real_values():
+    """What `unpasteable` flags, on lines the docs had, and what it lets through."""
+    assert unpasteable("python -m framework.hub pull local-user/char-lm [--revision BRANCH_OR_COMMIT]") == [
+        "[--", "BRANCH_OR_COMMIT"]
+    assert unpasteable("python -m framework.train recipe=moe_growth ckpt_path=RUN/checkpoints/step000300.ckpt") == [
+        "RUN"]
+    assert unpasteable('python -m framework.generate local-user/mdlm-text --prompt "..."') == ["..."]
+    assert unpasteable("python -m framework.grow RUN_DIR --depth 2 --out DIR") == ["RUN_DIR", "DIR"]
+    for fine in ("export HF_ENDPOINT=http://127.0.0.1:8765", "export HF_TOKEN=dummy", "echo $HF_TOKEN ${HF_HOME}",
+                 "OMP_NUM_THREADS=1 python -m framework.train recipe=char_lm",
+                 'python -m framework.kv_generate m/ --prompt "What does a GPU do?" --chat',
+                 "python -m framework.metrics real.npy fake.npy --k 3 --le"):
+        assert unpasteable(fine) == [], fine
 
 
 # make test-slow: make test pushes, branches and pulls through the same calls (test_hub.py)
