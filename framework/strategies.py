@@ -25,10 +25,15 @@ FORWARD_METHODS = ("forward_features", "forward_head")
 
 
 class FSDP2Strategy(ModelParallelStrategy):
-    """`ModelParallelStrategy` for data-parallel FSDP2: `data_parallel_size="auto"` means every process (not the
-    number of nodes), tensor parallelism off, and `save_distributed_checkpoint=False` (one full checkpoint file,
-    gathered on rank 0; `True` writes a folder of per-rank shards, which `python -m framework.train ckpt_path=`
-    does not check or resume from)."""
+    """`ModelParallelStrategy` for data-parallel FSDP2 (`fully_shard`); tensor parallelism is off. Other keyword
+    arguments go to Lightning's `ModelParallelStrategy`.
+
+    Args:
+        data_parallel_size: processes the model is sharded over; "auto": every process (nodes × processes per node).
+        tensor_parallel_size: must be 1: the framework's modules shard for data parallelism only.
+        save_distributed_checkpoint: write a folder of per-rank shards; False: one full file gathered on rank 0.
+            `python -m framework.train ckpt_path=` checks and resumes from the full file only.
+    """
 
     def __init__(self, data_parallel_size: Any = "auto", tensor_parallel_size: Any = 1,
                  save_distributed_checkpoint: bool = False, **kwargs: Any) -> None:

@@ -6,17 +6,13 @@ or duplicated onto the copies, continues the LR schedule from the global step, a
 architecture in every later checkpoint, so resuming from one rebuilds the grown model before the weights load.
 Works in any Lightning project whose module has `.model` (`model_attr`) with a layer `nn.ModuleList`
 (`layers_attr`) and duck-typed MoE layers (`router`, `experts`, `num_experts`, `top_k`), or whose model is a
-transformers MoE (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE: `framework.grow.hf`), alone or in `hf_causal_lm`. The
-loss it measures before and after growing is `loss_fn`: a function `(module, batch) -> loss`, or the name of a
-module method taking a batch (default `"loss"`; a module without it is grown but not measured). Copies of the
-model that the module keeps (an EMA: `copy_attrs`, default `ema`) are grown by the same event, so they keep
-matching the model.
+transformers MoE (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE: `framework.grow.hf`), alone or in `hf_causal_lm`.
+Copies of the model the module keeps (its EMA: `copy_attrs`) are grown by the same event, so they keep matching.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -31,6 +27,7 @@ from torch import nn
 
 from framework.callbacks.growth_events import (
     apply_event,
+    check_arity,
     check_copies,
     continue_schedule,
     expand_schedule,
@@ -60,15 +57,31 @@ __all__ = ["CHECKPOINT_KEY", "OPTIMIZER_STATES", "OrthogonalGrowth", "replay_on_
 class OrthogonalGrowth(L.Callback):
     """Grow once at `at_step` optimizer steps (before step at_step+1) or at the start of epoch `at_epoch`.
 
-    `schedule=[{...}, ...]` gives several growth events; each dict overrides the top-level values (e.g. depth at
-    step 100, then width at step 200). `optimizer_state`: `reset` (paper: fresh optimizer) or `duplicate` (every
-    copy gets its source's state; originals keep theirs). The current training batch's loss is measured before
-    and after growing with `loss_fn` (`(module, batch) -> loss`, or the name of a module method taking a batch);
-    `measure_batches>0` also measures that many validation batches. A per-layer norm profile PNG and
-    `growth.json` go to the trainer's root dir. `copy_attrs` names the module's attributes that hold copies of the
-    model (its EMA, `ema`): each one present is grown by the same event (same operation, same seed). Another copy of
-    the model the module holds, or a callback that keeps an averaged copy (Lightning's `WeightAveraging`), is refused
-    before training: growth could not keep it matching.
+    The training batch's loss is measured before and after growing; a per-layer norm profile PNG and `growth.json`
+    go to the trainer's root dir. Another copy of the model the module holds, or a callback that keeps an averaged
+    copy (Lightning's `WeightAveraging`), is refused before training: growth could not keep it matching.
+
+    Args:
+        at_step: grow after this many optimizer steps (before step at_step+1); None: not by step.
+        at_epoch: grow at the start of this epoch; None: not by epoch.
+        depth_factor: multiply the number of layers by this integer; 1 leaves depth alone.
+        depth_method: where layer copies go: "interposition" (each copied in place) or "stack" (sections stacked).
+        ignore_first: first layers that are never copied in depth growth.
+        ignore_last: last layers that are never copied in depth growth.
+        zero_init_copies: zero each copied layer's output projections (`zero_patterns`), so growth keeps the function.
+        width_factor: multiply every MoE layer's experts (and top_k) by this integer; 1 leaves width alone.
+        noise_alpha: std of the noise added to copied experts and router rows, relative to each tensor's std; 0: exact.
+        optimizer_state: "reset" (a fresh optimizer, the paper's) or "duplicate" (copies get their source's state).
+        seed: seed of the width-growth noise, the same on every rank and on replay.
+        schedule: several growth events, each dict overriding the values above (e.g. depth at 100, width at 200).
+        model_attr: attribute of the LightningModule holding the model; "" grows the module itself.
+        layers_attr: attribute of the model holding its `nn.ModuleList` of layers (ignored for transformers MoEs).
+        zero_patterns: glob patterns of the module names (in a layer) whose parameters `zero_init_copies` zeroes.
+        measure_batches: validation batches on which the loss is also measured before and after growing; 0: none.
+        norm_part: matrices of the norm profile: "experts", "attn" or "all".
+        plot: write the before/after norm-profile PNG.
+        loss_fn: `(module, batch) -> loss`, or the name of a module method taking a batch (absent: nothing measured).
+        copy_attrs: module attributes holding copies of the model (its EMA) that each event grows alike.
     """
 
     def __init__(
@@ -134,7 +147,7 @@ class OrthogonalGrowth(L.Callback):
         (it wants `(input, target)`), which would otherwise fail only at the growth step.
         """
         if not isinstance(self.loss_fn, str):
-            _check_arity(self.loss_fn, 2, "loss_fn", "a function (module, batch) -> loss")
+            check_arity(self.loss_fn, 2, "loss_fn", "a function (module, batch) -> loss")
             return lambda batch: self.loss_fn(pl_module, batch)
         fn = getattr(pl_module, self.loss_fn, None)
         if fn is None and self.loss_fn == "loss":
@@ -143,7 +156,7 @@ class OrthogonalGrowth(L.Callback):
         if not callable(fn):
             raise TypeError(f"OrthogonalGrowth(loss_fn={self.loss_fn!r}): {what} is {type(fn).__name__}, not a"
                             " method taking a batch; name one, or pass loss_fn=lambda module, batch: ...")
-        _check_arity(fn, 1, f"{what} ({type(fn).__name__})", "a method taking one batch; pass"
+        check_arity(fn, 1, f"{what} ({type(fn).__name__})", "a method taking one batch; pass"
                      " loss_fn=lambda module, batch: ... (or the name of such a method)")
         return fn
 
@@ -333,16 +346,3 @@ class OrthogonalGrowth(L.Callback):
                                 f"after {record['depth_method'] if record['depth_factor'] > 1 else 'width'} growth":
                                 record["norm_profile_after"]}, root / f"growth_norm_profile{suffix}.png")
 
-
-def _check_arity(fn: Callable[..., Any], n: int, what: str, valid: str) -> None:
-    """TypeError unless `fn` can be called with `n` positional arguments (an nn.Module: its `forward`)."""
-    target = fn.forward if isinstance(fn, nn.Module) else fn
-    try:
-        signature = inspect.signature(target)
-    except (TypeError, ValueError):  # a builtin without a signature: cannot tell, let the call decide
-        return
-    try:
-        signature.bind(*([None] * n))
-    except TypeError as err:
-        raise TypeError(f"OrthogonalGrowth cannot measure the loss with {what}, whose signature is {signature}"
-                        f" ({err}); it needs {valid}") from None

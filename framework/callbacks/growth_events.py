@@ -5,7 +5,8 @@ model a module keeps (its EMA), which every event grows too."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+import inspect
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -151,3 +152,17 @@ def check_event(event: dict[str, Any], index: int) -> dict[str, Any]:
     if not event["noise_alpha"] >= 0:
         raise ValueError(f"{where}noise_alpha={event['noise_alpha']!r} must be >= 0")
     return {k: event[k] for k in EVENT_KEYS}
+
+
+def check_arity(fn: Callable[..., Any], n: int, what: str, valid: str) -> None:
+    """TypeError unless `fn` can be called with `n` positional arguments (an nn.Module: its `forward`)."""
+    target = fn.forward if isinstance(fn, nn.Module) else fn
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # a builtin without a signature: cannot tell, let the call decide
+        return
+    try:
+        signature.bind(*([None] * n))
+    except TypeError as err:
+        raise TypeError(f"OrthogonalGrowth cannot measure the loss with {what}, whose signature is {signature}"
+                        f" ({err}); it needs {valid}") from None

@@ -23,12 +23,17 @@ log = logging.getLogger(__name__)
 class HubPush(L.Callback):
     """Push `pl_module` to `repo_id` (branch `revision`) as one commit per push; rank 0 only.
 
-    `every_n_validations=N` also pushes after every N-th validation during fit; `push_at_end=False` leaves the
-    final push to the caller (`framework.train` pushes the finished run dir itself). `info` adds card details
-    (`recipe`, `command`, `datasets`, `task`, `model_name`, a timm model's `label_names`: by default the data module's
-    `classes`); `model_attr` and `model_config` push a sub-model in the
-    plain format with the constructor values given (for a module that receives its net already built). `pushes`
-    and `failures` record what happened.
+    `model_attr` and `model_config` in `info` push a sub-model in the plain format with the constructor values given
+    (for a module that receives its net already built). `pushes` and `failures` record what happened.
+
+    Args:
+        repo_id: Hub repository "namespace/name" to push to (created if missing); required by the time fit starts.
+        revision: branch to commit to (created if missing); None: main.
+        private: create the repository as private (an existing one keeps its visibility).
+        every_n_validations: also push after every N-th validation during fit; 0: only at the end.
+        push_at_end: push when fit ends; False leaves the final push to the caller (`framework.train` does its own).
+        info: model card details (`recipe`, `command`, `datasets`, `task`, `model_name`, timm's `label_names`, ...).
+            A timm model's `label_names` default to the data module's `classes`.
     """
 
     def __init__(

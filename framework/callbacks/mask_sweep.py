@@ -101,7 +101,15 @@ def plot_sweep(table: dict[str, Any], png: Path, title: str = "") -> None:
 
 
 class MaskSweep(L.Callback):
-    """Evaluates robustness to appended masks at the end of fit; `results()` feeds the run's results.json."""
+    """Evaluates robustness to appended masks at the end of fit; `results()` feeds the run's results.json.
+
+    Args:
+        ms: numbers m of extra [MASK] tokens appended after the answer's mask, each ≥ 0; one table row per m.
+        n_per_slot: held-out examples per needle slot for each m.
+        seed: seed of the held-out examples, the same for every m.
+        reference_m: the m whose predictions the TV column compares against; must be one of `ms`.
+        out_dir: folder for `mask_sweep.json` and `.png`; None: the trainer's root dir (the run dir).
+    """
 
     def __init__(
         self,

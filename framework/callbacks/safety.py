@@ -78,12 +78,16 @@ class StopOnNonFinite(L.Callback):
     before any checkpoint holding them is written; the message names the first such step.
 
     No host sync per step: each step's loss stays on its device and is read, with the weights and the optimizer state
-    (`check_state=True`: one sum per tensor), every `every_n_steps` optimizer steps, before each validation and each
-    checkpoint save, and when training ends (1 checks every step, as this guard did before). A diverging run has
-    usually ruined its weights a step or two before anything overflows, so the message names the newest finite
-    checkpoint whose weights gave a finite training loss no higher than the fit's first loss +
-    `divergence`·max(1, |first loss|), not merely the newest one. `resume_hint` is the command to print (the
-    checkpoint path is appended as `ckpt_path=...`), e.g. the run's own command with a lower lr.
+    (one sum per tensor), every `every_n_steps` optimizer steps, before each validation and each checkpoint save,
+    and when training ends. A diverging run has usually ruined its weights a step or two before anything overflows,
+    so the message names the newest finite checkpoint whose weights gave a finite training loss that had not
+    diverged, not merely the newest one.
+
+    Args:
+        check_state: also check the weights and optimizer state (one sum per tensor); False checks losses only.
+        resume_hint: command printed to resume from the good checkpoint (`ckpt_path=...` appended); None: none.
+        divergence: a loss above first loss + divergence·max(1, |first loss|) counts as diverged (> 0).
+        every_n_steps: optimizer steps between checks (≥ 1; 1 checks every step); validation and saves always check.
     """
 
     def __init__(self, check_state: bool = True, resume_hint: str | None = None, divergence: float = 10.0,

@@ -38,17 +38,16 @@ from framework.samplers.table import ScoreTable
 
 
 class DataSelection(L.Callback):
-    """Runs `policy` (default: full data) over a Lightning fit; `num_epochs` (default: the trainer's
-    max_epochs, else the epochs max_steps needs) fixes the annealing epoch ⌊δE⌋; `seed` the selections.
+    """Runs a data-selection `policy` over a Lightning fit: which samples each epoch trains on, and their weights.
 
-    `align_schedule`: when an epoch trains fewer batches than planned (InfoBatch's kept count is random, so
-    its plan is the full-data bound), step-interval LR schedulers are advanced by the difference at the
-    epoch's end, so the schedule tracks epochs and still ends on time (and OneCycleLR never over-runs).
-    `head`: the dotted name of the module's classifier layer (e.g. "net.fc"), read for `logits` (its output) and
-    `features` (its input) when `training_step`'s output dict does not carry them. A language model's head
-    (`head="model.lm_head"` of a Hugging Face causal LM) gives per-sample losses from its logits and the batch's
-    `labels` or `input_ids` (`shift_labels=False` for a masked LM's unshifted labels), so a `training_step` that
-    returns only `model(**batch).loss` is selected and weighed as is.
+    Args:
+        policy: the selection policy (`sampler=`); None: every sample, weight 1.
+        num_epochs: epochs the policy plans for (annealing from epoch ⌊δE⌋); None: from max_epochs or max_steps.
+        seed: seed of the selections; None: the module's or data module's `seed` attribute, else 0.
+        align_schedule: advance step-interval LR schedulers past batches an epoch skipped, so they end on time.
+        head: dotted name of the classifier layer (e.g. "net.fc") read for `logits`/`features` the step does not return.
+            A language model's head (`model.lm_head`) also gives per-sample losses from `labels` or `input_ids`.
+        shift_labels: those labels are next-token (causal LM); False for a masked LM's unshifted labels.
     """
 
     def __init__(self, policy: SelectionPolicy | None = None, num_epochs: int | None = None, seed: int | None = None,

@@ -219,16 +219,29 @@ def batch_rank(values: Tensor) -> Tensor:
 class DataAgentPolicy(TopKPolicy):
     """Top-⌊ρN⌋ by the agent's latest action, weight 1/ρ; the agent acts on every training step's features.
 
-    Defaults are the released code's. `learn=False` freezes the initial policy (an ablation);
-    `variant="ranked"` (not the paper's) stores each action's rank within its step's batch, in (0, 1], as the
-    score instead of the raw action: the learned actions drift upwards over training, so under hard top-k on
-    stale scores the samples trained last always outrank the unselected ones and selection freezes onto one
-    half of the data (measured in docs/data_agent.md); ranks keep fresh and stale scores comparable.
+    Defaults are the released code's; `variant`, `centred`, `temperature` and `staleness` go beyond it (off by
+    default). Raw actions drift upwards over training, so hard top-k on stale scores freezes selection onto one half
+    of the data (docs/data_agent.md); "ranked" scores keep fresh and stale scores comparable.
 
-    Beyond the released code (all off by default, so the defaults stay the faithful port): `centred` subtracts
-    the mean from PPO's advantages; `temperature` τ > 0 samples the subset with Gumbel-top-k, probability
-    ∝ exp(z/τ) for the standardised scores z, instead of the deterministic top-k; `staleness` λ adds λ per epoch
-    a sample went unseen to its standardised score, so stale samples come back to be re-scored.
+    Args:
+        ratio: fraction ρ of the samples kept in each pruning epoch, in (0, 1].
+        delta: fraction δ of the epochs that prune, in [0, 1]; from epoch ⌊δE⌋ on, full data with weight 1.
+        rescale: weight the kept samples' losses by 1/ρ, so the effective step matches full data; False: weight 1.
+        update_every: training steps of stored transitions between PPO updates (≥ 1).
+        label_smoothing: label smoothing ε of the cross-entropy the agent's reward is computed from.
+        reward_norm: normalise rewards by a running mean and std before PPO sees them.
+        learn: train the agent with PPO; False freezes its initial policy (an ablation).
+        variant: "faithful" (the raw action is the score) or "ranked" (its rank within the step's batch, in (0, 1]).
+        lr_actor: Adam lr of the PPO actor.
+        lr_critic: Adam lr of the PPO critic.
+        k_epochs: PPO epochs over each update's stored transitions.
+        eps_clip: PPO's ratio clip ε.
+        gamma: PPO's discount factor γ.
+        gae_lambda: λ of generalised advantage estimation.
+        seed: seed of the agent's networks and sampling; None: 0.
+        centred: subtract the mean from PPO's advantages.
+        temperature: τ > 0 samples the subset by Gumbel-top-k, probability ∝ exp(z/τ) of the scores; 0: top-k.
+        staleness: λ added to a sample's standardised score per epoch it went unseen, so it is re-scored; 0: none.
     """
 
     needs = ("index", "logits", "targets", "features")

@@ -96,13 +96,26 @@ class AmortisedAgentPolicy(DataAgentPolicy):
     """The Data Agent acting once per epoch on the samples the epoch trained on, and learning every `learn_every`-th
     epoch.
 
-    `update_size`: samples in that PPO update, a seeded subsample of the epoch's (all of them if fewer; `None`: all,
-    which keeps every sample's features through the epoch, for small data only), so the update's cost and the
-    features kept do not grow with the data. At these sizes an update costs its number of operations, not
-    its rows (256 rows cost ~1.1× 128), so fewer, larger updates (every 8th epoch on 256) learn from as many
-    transitions as every 4th on 128 for about half the time. `hidden`: the width of the actor's and critic's two
-    layers (the paper's 128). `staleness` λ (as `data_agent_staleness`) brings left-out samples back. The other
-    arguments are `DataAgentPolicy`'s.
+    At these sizes an update costs its number of operations, not its rows (256 rows cost ~1.1× 128), so fewer,
+    larger updates (every 8th epoch on 256) learn from as many transitions as every 4th on 128 in about half the time.
+
+    Args:
+        ratio: fraction ρ of the samples kept in each pruning epoch, in (0, 1].
+        delta: fraction δ of the epochs that prune, in [0, 1]; from epoch ⌊δE⌋ on, full data with weight 1.
+        rescale: weight the kept samples' losses by 1/ρ, so the effective step matches full data; False: weight 1.
+        label_smoothing: label smoothing ε of the cross-entropy the agent's reward is computed from.
+        learn: train the agent with PPO; False freezes its initial policy (an ablation).
+        lr_actor: Adam lr of the PPO actor.
+        lr_critic: Adam lr of the PPO critic.
+        k_epochs: PPO epochs over each update's transitions.
+        eps_clip: PPO's ratio clip ε.
+        seed: seed of the agent's networks, sampling and update subsample; None: 0.
+        staleness: λ added to a sample's standardised score per epoch it went unseen, so it is re-scored; 0: none.
+        update_size: samples in each PPO update, a seeded subsample of the epoch's (≥ 2); None: all (small data only).
+            A bounded size keeps the update's cost and the features held through the epoch independent of the data.
+        hidden: width of the actor's and critic's two hidden layers (the paper's 128).
+        fused: use the fused (single-kernel) Adam step for the agent's optimisers.
+        learn_every: make a PPO update at the end of every N-th epoch (≥ 1).
     """
 
     def __init__(

@@ -137,7 +137,13 @@ class FullPolicy(SelectionPolicy):
 
 
 class RandomPolicy(SelectionPolicy):
-    """⌊ρN⌋ uniform samples per epoch; weight 1/ρ when `rescale` (the same effective step as Data Agent)."""
+    """⌊ρN⌋ uniform samples per epoch; weight 1/ρ when `rescale` (the same effective step as Data Agent).
+
+    Args:
+        ratio: fraction ρ of the samples kept in each pruning epoch, in (0, 1].
+        delta: fraction δ of the epochs that prune, in [0, 1]; from epoch ⌊δE⌋ on, full data with weight 1.
+        rescale: weight the kept samples' losses by 1/ρ, so the effective step matches full data; False: weight 1.
+    """
 
     needs = ("index",)
 
@@ -170,7 +176,14 @@ class TopKPolicy(SelectionPolicy):
 
 
 class EpsGreedyPolicy(TopKPolicy):
-    """Top (1-ε)·k samples by last loss plus ε·k uniform from the rest (Raju et al. 2021); unseen first."""
+    """Top (1-ε)·k samples by last loss plus ε·k uniform from the rest (Raju et al. 2021); unseen first.
+
+    Args:
+        ratio: fraction ρ of the samples kept in each pruning epoch, in (0, 1].
+        delta: fraction δ of the epochs that prune, in [0, 1]; from epoch ⌊δE⌋ on, full data with weight 1.
+        eps: fraction ε of the kept samples drawn uniformly from the rest (exploration), in [0, 1].
+        rescale: weight the kept samples' losses by 1/ρ, so the effective step matches full data; False: weight 1.
+    """
 
     initial_score = math.inf
 
@@ -191,7 +204,14 @@ class EpsGreedyPolicy(TopKPolicy):
 
 class UCBPolicy(TopKPolicy):
     """Top ⌊ρN⌋ by m + c·√v, the running mean and variance of each sample's loss; unseen samples first.
-    [INFERRED from Raju et al. 2021's description; their code was not read.]"""
+    [INFERRED from Raju et al. 2021's description; their code was not read.]
+
+    Args:
+        ratio: fraction ρ of the samples kept in each pruning epoch, in (0, 1].
+        delta: fraction δ of the epochs that prune, in [0, 1]; from epoch ⌊δE⌋ on, full data with weight 1.
+        c: weight of the loss's standard deviation in the bound m + c·√v, ≥ 0 (0: greedy by mean loss).
+        rescale: weight the kept samples' losses by 1/ρ, so the effective step matches full data; False: weight 1.
+    """
 
     def __init__(self, ratio: float = 0.5, delta: float = 0.875, c: float = 1.0, rescale: bool = True):
         super().__init__(ratio, delta, rescale)
@@ -206,7 +226,12 @@ class UCBPolicy(TopKPolicy):
 
 class InfoBatchPolicy(SelectionPolicy):
     """InfoBatch (Qin et al., ICLR 2024): drop each below-mean-loss sample with probability r (exactly
-    ⌊(1-r)·#low⌋ kept, as the released code), rescale the kept low-loss ones by 1/(1-r); scores start at 3."""
+    ⌊(1-r)·#low⌋ kept, as the released code), rescale the kept low-loss ones by 1/(1-r); scores start at 3.
+
+    Args:
+        prune_ratio: probability r of dropping each below-mean-loss sample, in [0, 1]; above 0.9 acts as 0.9.
+        delta: fraction δ of the epochs that prune, in [0, 1]; from epoch ⌊δE⌋ on, full data with weight 1.
+    """
 
     initial_score = 3.0
 
