@@ -99,7 +99,17 @@ class _ArrayData(SplitData):
 
 class DigitsData(_ArrayData):
     """scikit-learn's 1797 8×8 digits as (1, 8, 8) images; optional Gaussian pixel noise (σ in units of the
-    0..16 intensity range) on every split, and symmetric label noise on the training split."""
+    0..16 intensity range) on every split, and symmetric label noise on the training split.
+
+    Args:
+        batch_size: samples per batch (the same for every split).
+        seed: seed of the split, the label noise and the training order.
+        label_noise: fraction of training labels moved to another random class, in [0, 1); val/test stay clean.
+        pixel_noise: std of Gaussian noise on every split's pixels, as a fraction of the 0..16 intensity range; 0: none.
+        val_fraction: fraction of the samples held out for validation, in (0, 1).
+        test_fraction: fraction of the samples held out for testing, in (0, 1); with `val_fraction` below 1.
+        num_workers: DataLoader worker processes; 0 loads in the main process.
+    """
 
     input_shape = [1, 8, 8]
     n_total = 1797  # scikit-learn's digits
@@ -124,7 +134,20 @@ class DigitsData(_ArrayData):
 
 class SyntheticClasses(_ArrayData):
     """`sklearn.datasets.make_classification`: 10 classes of 2 Gaussian clusters each in 64 dimensions
-    (16 informative, 8 redundant), class_sep 1.2; 20% symmetric label noise on the training split by default."""
+    (16 informative, 8 redundant), class_sep 1.2; 20% symmetric label noise on the training split by default.
+
+    Args:
+        n_samples: samples generated before the split.
+        n_features: input dimensions (at most 8 of them redundant combinations of the informative ones).
+        n_informative: informative dimensions, ≤ n_features, with 2^n_informative ≥ 20 clusters.
+        class_sep: distance between the class clusters (scikit-learn's `class_sep`); larger is easier.
+        label_noise: fraction of training labels moved to another random class, in [0, 1); val/test stay clean.
+        batch_size: samples per batch (the same for every split).
+        seed: seed of the generated data, the split, the label noise and the training order.
+        val_fraction: fraction of the samples held out for validation, in (0, 1).
+        test_fraction: fraction of the samples held out for testing, in (0, 1); with `val_fraction` below 1.
+        num_workers: DataLoader worker processes; 0 loads in the main process.
+    """
 
     def __init__(self, n_samples: int = 10_000, n_features: int = 64, n_informative: int = 16,
                  class_sep: float = 1.2, label_noise: float = 0.2, batch_size: int = 128, seed: int = 0,

@@ -84,7 +84,20 @@ class SweepSet(Dataset):
 
 
 class HubnessSweep(L.LightningDataModule):
-    """The hubness experiments of docs/gicdm.md as validation data; see the module docstring."""
+    """The hubness experiments of docs/gicdm.md as validation data; see the module docstring.
+
+    Args:
+        n: points in each real and each generated Gaussian set (≥ 16).
+        dims: dimensions d of the `gauss` configurations, one configuration per d and seed.
+        seeds: seeds (repeats) per `gauss` dimension, averaged in the report.
+        digits: add the `digits` configurations (real vs generated halves of scikit-learn's digits).
+        noise_dims: extra N(0, σ²) columns of the noisy `digits` variants; 0: only the noise-free ones are distinct.
+        sigma: std σ of those noise columns.
+        digit_classes: classes the generated digits half keeps (e.g. 5 keeps 0-4), one configuration each, in 1..10.
+        ood_dim: dimension of the `ood` configurations.
+        ood_fractions: fractions p of generated points moved far out in the `ood` configurations, each in [0, 1).
+        seed: offset of every configuration's seed (1000·seed + repeat); None: 0.
+    """
 
     def __init__(
         self,

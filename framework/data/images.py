@@ -74,7 +74,26 @@ class ImageItems(Dataset):
 
 class ImageData(SplitData):
     """The user's labelled images (a folder tree, a Hub image dataset, parquet, webdataset shards) for a
-    classifier: states `num_classes`, `input_shape` (C, H, W) and `classes`."""
+    classifier: states `num_classes`, `input_shape` (C, H, W) and `classes`.
+
+    Args:
+        source: a folder (a subfolder per class), parquet files, webdataset shards or a Hub image dataset id; required.
+        split: the source's split to train on.
+        val_split: the source's split to validate on; None: its own validation/valid/val/dev/test split if any.
+        val_fraction: share of the training split's images held out for validation when there is none, in (0, 1).
+        revision: Hub branch, tag or commit of a Hub `source`; None: the default branch.
+        image_column: the table column holding the images (Hub, parquet or metadata sources).
+        label_column: the table column holding the labels (Hub, parquet or metadata sources).
+        class_map: folder/label → class index or name, as a mapping or a JSON file; unnamed classes are left out.
+        image_size: image side in pixels (≥ 8), overriding the model's data config; None: the model's, else 32.
+        train_transform: training augmentation: "timm" (random resized crop, flip, colour jitter), "flip" or "none".
+        strict: refuse a file that is not an image or is truncated, naming it; False skips and counts it.
+        batch_size: images per batch.
+        seed: seed of the training order and of the augmentations' random draws.
+        num_workers: DataLoader worker processes, which decode the images; 0 decodes in the main process.
+        cache_dir: root of the data cache (decoded-image checks, datasets' Arrow cache); None: the default root.
+        streaming: read the images as a stream instead of opening the whole source first.
+    """
 
     def __init__(self, source: str | None = None, split: str = "train", val_split: str | None = None,
                  val_fraction: float = 0.1, revision: str | None = None, image_column: str = "image",

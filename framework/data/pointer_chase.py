@@ -82,8 +82,20 @@ class PointerChaseData(SymbolTask, SplitData):
     """Pointer-chasing rows for causal LMs: `n_train` training rows of `train_task`, `n_val` held-out `chain` rows.
 
     Training batches are token tensors (what `causal_lm` trains on); probes split them at `prompt_length`.
-    Validation batches hold `val_batch_size` rows (probes decode them several times, so bigger is cheaper).
     `pretrain_dataloader()` always serves `chain` rows (a probe pretraining its own base uses it).
+
+    Args:
+        n_pairs: (symbol, f(symbol)) pairs listed in each prompt (≥ 1); the longest chain has n_pairs hops.
+        n_symbols: size of the symbol vocabulary, ≥ n_pairs (a prompt's symbols are distinct).
+        hops: `chain` rows follow exactly this many hops; None: until the chain returns to its start.
+        train_task: task of the training rows: "chain" or "lookup" (one hop); validation is always "chain".
+        distinct_answers: write answers with their own copy of the symbols (id + n_symbols), marking the model's turn.
+        n_train: training rows, generated from `seed`.
+        n_val: validation rows, generated from a separate stream.
+        batch_size: rows per training batch.
+        val_batch_size: rows per validation batch (probes decode them several times, so bigger is cheaper).
+        seed: seed of the generated rows (the same seed gives the same rows).
+        num_workers: DataLoader worker processes; 0 loads in the main process.
     """
 
     pad_id, bos_id, sep_id, eos_id = PAD, BOS, SEP, EOS

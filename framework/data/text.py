@@ -60,7 +60,17 @@ class ByteChunks(Dataset):
 class ByteCorpus(SplitData):
     """Byte-level LM data: the last `val_fraction` of the corpus is the validation split. With a tokenizer
     (`use_tokenizer`, which the run calls when the model brings one) the text is that tokenizer's ids instead, and
-    `max_bytes` still cuts the text before it is tokenized."""
+    `max_bytes` still cuts the text before it is tokenized.
+
+    Args:
+        source: corpus: "pydoc" (CPython's documentation prose), "stdlib" (standard-library source) or "both".
+        seq_len: tokens per training row (each row holds seq_len + 1 for the next-token target).
+        batch_size: rows per batch.
+        val_fraction: fraction at the end of the corpus used for validation, in (0, 1).
+        max_bytes: keep only the corpus's first `max_bytes` bytes; None: the whole corpus.
+        seed: seed of the training rows' order.
+        num_workers: DataLoader worker processes; 0 loads in the main process.
+    """
 
     vocab_size = 256
     tokenizer = None

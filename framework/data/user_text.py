@@ -13,10 +13,8 @@ on with the new data).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +34,7 @@ from framework.data.packing import (
     token_dtype,
 )
 from framework.data.resumable import SplitData
+from framework.data.text_keys import held_out, tokenizer_identity
 from framework.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -47,8 +46,28 @@ class TextData(SplitData):
     The validation rows are `val_split` (default: the source's own `validation`/`valid`/`val`/`dev`/`test`
     split), else a held-out `val_fraction` of the documents: every (1/val_fraction)-th, from the first, so
     ceil(n · val_fraction) of n; a split of a single document holds out its last val_fraction of tokens instead.
-    A `.txt` (or `.md`) file is one document, read in pieces of at most 256 Ki characters (`sample_by`: document,
-    line or paragraph, datasets' words; `framework.data.text_files`)."""
+    A `.txt` (or `.md`) file is one document, read in pieces of at most 256 Ki characters (`framework.data.text_files`).
+
+    Args:
+        source: a file, folder, glob (`corpus/*.jsonl`) or Hub dataset id `owner/name`; required.
+        column: the column holding each document's text (ignored for plain-text files).
+        revision: Hub branch, tag or commit of a Hub `source`, pinned in the cache key; None: the default branch.
+        format: datasets' reader ("text", "json", "csv", "parquet", "arrow"); None: from the files' extensions.
+        split: the source's split to train on.
+        val_split: the source's split to validate on; None: its own validation/valid/val/dev/test split if any.
+        val_fraction: share of the documents held out for validation when there is no validation split, in (0, 1).
+        seq_len: tokens per row; None: the run's model's maximum length.
+        packing: pack several documents per row (attention kept within each); False: one document per padded row.
+        batch_size: rows per batch.
+        seed: seed of the training rows' order; None: 0 (a run fills in its own seed).
+        num_workers: DataLoader worker processes; 0 loads in the main process.
+        cache_dir: root of the packed-data cache; None: $FRAMEWORK_DATA_CACHE, else ~/.cache/framework/data.
+        streaming: read the training split as a stream instead of packing it into the cache first (very large corpora).
+        sample_by: what one document of a text file is: "document" (the whole file), "line" or "paragraph".
+        config: the Hub dataset's configuration (subset) name; None: its default.
+        allow_changed: resume even if the data changed since the checkpoint; False refuses, naming what changed.
+        strict: when streaming, stop at a bad JSON line; False skips and counts it.
+    """
 
     vocab_size = 256
     tokenizer = None
@@ -323,28 +342,8 @@ class TextData(SplitData):
                                                  " of the single document's tokens")}
 
 
-def held_out(i: int, fraction: float) -> bool:
-    """Document i is a validation document: every (1/fraction)-th from the first (ceil(n · fraction) of n)."""
-    return math.ceil(round((i + 1) * fraction, 9)) > math.ceil(round(i * fraction, 9))
-
-
 def _size(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-
-
-def tokenizer_identity(tokenizer: Any) -> dict[str, Any]:
-    """A tokenizer's name and a hash of its whole definition (a fast tokenizer's JSON without its call-time
-    padding / truncation settings, else its vocabulary), its EOS; bytes for byte data."""
-    if tokenizer is None:
-        return {"name_or_path": "bytes"}
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        definition = {k: v for k, v in json.loads(backend.to_str()).items() if k not in ("padding", "truncation")}
-    else:
-        definition = sorted(tokenizer.get_vocab().items())
-    digest = hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:16]
-    return {"name_or_path": str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
-            "definition": digest, "eos": tokenizer.eos_token_id, "size": len(tokenizer)}
 
 
 __all__ = ["TextData", "held_out", "tokenizer_identity"]
