@@ -36,6 +36,14 @@ TrainerConf = builds(
 )
 
 HubConf = make_config(repo_id=None, revision=None, private=False, every_n_validations=0)
+HubConf.__doc__ = """The `hub.*` run keys: where `python -m framework.train` publishes the finished run (rank 0 only).
+
+    Args:
+        repo_id: Hub model repository "namespace/name" to push the run to at the end; None: no push.
+        revision: branch to push to (created if missing); None: main.
+        private: create the repository as private (an existing one keeps its visibility).
+        every_n_validations: also push after every N-th validation during fit; 0: only at the end.
+    """
 
 #: the NaN/inf guard (`guard.every_n_steps=1` reads every step's loss at once; `guard=null` turns it off)
 GuardConf = builds(StopOnNonFinite, every_n_steps=50, check_state=True, divergence=10.0)
@@ -82,6 +90,31 @@ TrainConfig = make_config(
     validate_before_fit=True,
     test=False,
 )
+TrainConfig.__doc__ = """The run keys of `python -m framework.train`: the component groups, the Trainer, and how to run.
+
+    Args:
+        data: the data module (`data=NAME` picks a registered one; `data.KEY=...` sets its arguments).
+        model: the network (`model=NAME`); its sizes that the data knows are filled in at build time.
+        module: the LightningModule that trains the model (`module=NAME`).
+        optimizer: the optimizer (`optimizer=NAME`), built over the module's parameters.
+        scheduler: the learning-rate schedule (`scheduler=NAME`); null: a constant lr.
+        callbacks: the Lightning callbacks, by name (`callbacks=[checkpoint,lr_monitor]`).
+        loss: an extra loss for modules that take one (`loss=NAME`); null: none.
+        sampler: a data-selection policy (`sampler=NAME`); null: every sample, every epoch.
+        metric: a registered metric for modules that take one (`metric=gicdm`); null: none.
+        peft: parameter-efficient adapters (`peft=lora`); null: every parameter trains.
+        recipe: a registered recipe that sets the choices and values above (`recipe=NAME`); null: none.
+        trainer: `lightning.Trainer` arguments (`trainer.max_steps=...`); callbacks and loggers are added to them.
+        hub: where the finished run is pushed (`hub.repo_id=...`); see `HubConf`.
+        guard: the NaN/inf guard (`StopOnNonFinite`), stopping before a bad checkpoint is written; null turns it off.
+        seed: seed of Python, NumPy and torch before anything is built, and of data modules that take none.
+        threads: torch CPU threads (`torch.set_num_threads`); null: torch's default.
+        ckpt_path: checkpoint to resume from, checked first; "auto": the run dir's newest good one; null: a fresh run.
+        init_from: start from these weights (a run dir, `.ckpt` file or Hub model repo) without resuming its training.
+            A source holding a PEFT adapter is attached as the adapters and trained on.
+        validate_before_fit: validate once before training (metrics `*_init`); skipped when resuming.
+        test: also evaluate on the data's test split after fit (metrics `test/...`).
+    """
 
 
 def seed_everything(seed: int, threads: int | None = None) -> None:
