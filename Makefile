@@ -8,7 +8,7 @@ RUN_DIR ?= runs/demo
 # (700 steps), then fine-tuned 200 steps with and without the mask-agnostic TV term from the same checkpoint;
 # prints both side by side by the number of appended masks, the training-length boundary marked
 
-.PHONY: install demo test test-slow bench bench-quick kvpress-env lint clean
+.PHONY: install demo test test-slow bench bench-quick kvpress-env lint docs clean
 
 # --no-compile: the install skips byte-compiling every package (a minute on 2 cores); the test run compiles what it
 # imports once and keeps it (PYTHONDONTWRITEBYTECODE is unset for it), so later processes read the cached bytecode
@@ -52,5 +52,10 @@ bench-quick: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# the docs site into site/ (`$(BIN)/mkdocs serve` previews it live); NO_MKDOCS_2_WARNING quiets the material theme's
+# banner about MkDocs 2.0
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf runs outputs multirun
+	rm -rf runs outputs multirun site

@@ -1,0 +1,1 @@
+"""LightningModules: MDLM, causal LM, classifier and metric evaluation, each built from registered parts."""
