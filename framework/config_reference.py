@@ -130,7 +130,7 @@ def recipe_option(name: str) -> Option:
     if lrs:
         facts.append(("lr", ", ".join(f"{k.replace('__None', '').replace('__', '+')} {v}" for k, v in lrs.items())))
     sizes = sorted(p.rsplit("/", 1)[1] for p in NODES if p.startswith(f"preset/{name}/"))
-    facts.append(("sizes with a preset", ", ".join(sizes) or "none (conf/size/ alone)"))
+    facts.append(("presets", " ".join(f"size={size}" for size in sizes) or "none (conf/size/ alone)"))
     return Option("recipe", name, f"recipe={name}", entry.description, facts, keys)
 
 
@@ -209,4 +209,4 @@ def _md_fact(label: str, value: str) -> str:
         return value
     if label == "guide" and value.startswith("docs/"):
         return f"[{value.removeprefix('docs/')}](../{value.removeprefix('docs/')})"
-    return value if label in ("sizes with a preset", "lr", "the rest") else f"`{value}`"
+    return value if label == "lr" else f"`{value}`"

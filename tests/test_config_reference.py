@@ -159,8 +159,7 @@ def test_ls_optimizer_olion_in_a_fresh_process():
     line = next(ln for ln in result.stdout.splitlines() if ln.strip().startswith("ns_steps = 5"))
     assert line.split("ns_steps = 5", 1)[1].strip() == "Newton-Schulz iterations per update."
     assert "supplied by the framework: params" in result.stdout and "guide:    docs/olion.md" in result.stdout
-    bad = run_cli("optimizer", "olon", module="framework.ls", timeout=300)
-    assert bad.returncode == 2 and "Did you mean 'olion'" in bad.stderr
+    # (`optimizer olon` exits 2 with the close matches: in this process above; a fresh one in test_errors.py's kind)
 
 
 def test_importing_framework_ls_loads_no_hf_or_timm():
