@@ -106,15 +106,17 @@ def check_settings(argv: list[str], config_name: str = "train") -> None:
         return
     if any(ov.is_sweep_override() for ov in overrides) or all(ov.key_or_group in GROUPS for ov in overrides):
         return
-    from hydra import compose, initialize
+    from hydra import compose
     from hydra.errors import ConfigCompositionException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    from framework.compose import hydra_context
 
     search = [a for a in argv if a.startswith("hydra.searchpath=")]  # where YAML recipes may come from
     # appended and deleted keys and groups (`+callbacks=hub_push`, `~seed`) are composed too, in the order given
     composed = [a for a in overrides_of(argv) if a in args or (a.startswith(("+", "~"))
                                                         and not a.lstrip("+~").startswith("hydra."))]
-    with initialize(version_base="1.3", config_path=None):
+    with hydra_context(job_name="cli"):
         try:
             compose(config_name, overrides=[*search, *composed])
             return

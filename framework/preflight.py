@@ -18,17 +18,14 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from framework.build_check import build_parts, check_data_source
+from framework.compose import NO_RUN_FLAGS, compose_job
 from framework.errors import CheckpointError, InputError, PreflightError
 
-#: Hydra flags after which nothing runs (help, config printing, shell completion): no preflight for them
-NO_RUN_FLAGS = frozenset({"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info", "-sc",
-                          "--shell-completion", "--experimental-rerun", "-cp", "--config-path", "-cn",
-                          "--config-name", "-cd", "--config-dir"})
 #: sweeps larger than this are checked on their first MAX_JOBS combinations only (each check composes once)
 MAX_JOBS = 32
 HUB_TIMEOUT_S = 10.0
@@ -42,33 +39,6 @@ def preflight(argv: list[str], config_name: str = "train") -> None:
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     for job in itertools.islice(_jobs(overrides), MAX_JOBS):
         check_job(job, config_name, multirun)
-
-
-class RunTarget(NamedTuple):
-    """Where a run writes (its run dir, or a sweep's dir), the setting that names it, and what it resumes from."""
-
-    path: Path
-    key: str  # "hydra.run.dir" | "hydra.sweep.dir"
-    ckpt_path: str | None
-    multirun: bool
-
-
-def run_dir_of(argv: list[str], config_name: str = "train") -> RunTarget | None:
-    """Where the run `argv` describes writes; None for a command that runs nothing (`--cfg`, `--help`, ...) or a
-    config Hydra cannot compose (it reports that)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if NO_RUN_FLAGS.intersection(argv):
-        return None
-    multirun = "-m" in argv or "--multirun" in argv
-    cfg = compose_job([a for a in argv if "=" in a and not a.startswith("-")], config_name, multirun)
-    HydraConfig.instance().cfg = None
-    if cfg is None:
-        return None
-    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    ckpt_path = cfg.get("ckpt_path")
-    return RunTarget(Path(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir)), key,
-                     None if ckpt_path is None else str(ckpt_path), multirun)
 
 
 def _jobs(overrides: list[str]) -> Iterator[list[str]]:
@@ -86,33 +56,11 @@ def _jobs(overrides: list[str]) -> Iterator[list[str]]:
         yield list(combo)
 
 
-def compose_job(overrides: list[str], config_name: str = "train", multirun: bool = False) -> DictConfig | None:
-    """The job config Hydra will run (hydra node included), with `hydra:runtime.output_dir` resolvable.
-
-    None when Hydra cannot compose it (Hydra then reports why). The run dir is not created.
-    """
-    from hydra import compose, initialize
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    with initialize(version_base="1.3", config_path=None):
-        try:
-            cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
-        except (HydraException, OmegaConfBaseException):  # Hydra reports these itself, with its own message
-            return None
-    with open_dict(cfg):
-        run_dir = Path(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
-        cfg.hydra.runtime.output_dir = str(run_dir.absolute())
-    HydraConfig.instance().set_config(cfg)
-    return cfg
-
-
 def check_job(overrides: list[str], config_name: str = "train", multirun: bool = False) -> None:
     """Compose one job and check it; PreflightError on the first problem."""
     from hydra.core.hydra_config import HydraConfig
 
-    cfg = compose_job(overrides, config_name, multirun)
+    cfg = compose_job(overrides, config_name, multirun, keep=True)
     if cfg is None:
         return
     try:

@@ -18,10 +18,10 @@ from hydra_zen import zen
 
 from framework.app import register_app, seed_everything
 from framework.cli import check_command_line
+from framework.compose import run_dir_of
 from framework.console import quiet_console
 from framework.errors import report_and_exit
 from framework.pipeline import train
-from framework.preflight import run_dir_of
 from framework.recipe import searchpath_folders
 from framework.resume import check_start
 from framework.run_lock import launch_rank, run_dir_lock

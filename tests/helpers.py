@@ -12,6 +12,12 @@ import torch
 from support import warm_cli
 
 REPO = Path(__file__).resolve().parents[1]
+GUIDES = REPO / "docs" / "guides"
+
+
+def guide(name: str) -> str:
+    """The text of the task guide docs/guides/NAME.md (its commands are run as printed by the tests that read it)."""
+    return (GUIDES / f"{name}.md").read_text()
 
 
 def run_cli(*args: str, module: str = "framework.train", timeout: int = 600, env: dict | None = None,

@@ -27,7 +27,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-OWN_DOCS = ["README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
+# the written pages (docs/ and its guides); docs/'s subfolders of written-out results are the sources quotes name
+OWN_DOCS = ["README.md", *sorted(str(p.relative_to(REPO)) for pattern in ("*.md", "guides/*.md")
+                                 for p in (REPO / "docs").glob(pattern))]
 QUOTE = re.compile(r"<!-- figures from (?P<sources>[^;]+?)(?:; written by `(?P<cmd>[^`]+)`)? -->\n"
                    r"(?P<body>.*?)<!-- end figures -->", re.S)
 EXAMPLE = re.compile(r"<!-- example output of `[^`]+`[^>]*-->\n.*?<!-- end example -->", re.S)

@@ -16,19 +16,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO
+from helpers import guide
 from support import wandb_offline
 from test_hub import hub_env
 
 from framework.cli import check_command_line
 from framework.errors import InputError
 
-SECTION = "## Your own loggers and callbacks"
-
 
 def readme_commands() -> list[list[str]]:
-    """Every line of the section's bash blocks, split as a shell would (comments dropped)."""
-    body = re.split(r"^## ", (REPO / "README.md").read_text().split(SECTION, 1)[1], maxsplit=1, flags=re.M)[0]
+    """Every line of docs/guides/loggers.md's bash blocks, split as a shell would (comments dropped)."""
+    body = guide("loggers")
     blocks = re.findall(r"^```bash\n(.*?)^```", body, flags=re.M | re.S)
     return [shlex.split(line, comments=True) for block in blocks for line in block.splitlines() if line.strip()]
 

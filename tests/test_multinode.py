@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import guide
 
 pytestmark = pytest.mark.ddp
 
 
 def cluster_lines() -> list[list[str]]:
-    """The command lines of the README's "On a cluster" section's first bash block (the torchrun lines)."""
-    body = (REPO / "README.md").read_text().split("## On a cluster", 1)[1].split("\n## ", 1)[0]
+    """The command lines of docs/guides/cluster.md's first bash block (the torchrun lines)."""
+    body = guide("cluster")
     block = re.findall(r"^```bash\n(.*?)^```", body, flags=re.M | re.S)[0]
     return [shlex.split(line) for line in block.splitlines() if line.strip()]
 

@@ -1,4 +1,5 @@
-"""The README's "Running and composing" section, run as printed: every line of its command blocks, verbatim.
+"""The guide docs/guides/running.md ("Run and compose recipes", the README's "Running and composing" before), run as
+printed: every line of its command blocks, verbatim.
 
 Only two things differ from a reader's shell: `python` is this interpreter, and `FRAMEWORK_SMOKE=1` (documented in
 that section) shrinks each run to its recipe's smoke size; `framework.ls` lines run in this process. Each command
@@ -27,21 +28,20 @@ from support import warm_cli
 
 from framework.ls import main as ls_main
 
-SECTION = "## Running and composing"
+GUIDE = REPO / "docs" / "guides" / "running.md"
 PLACEHOLDER = "outputs/train/..."
 
 
 def section_blocks(text: str) -> list[tuple[str, list[str]]]:
-    """(language, lines) of every fenced block between SECTION and the next `## ` heading."""
-    body = text.split(SECTION, 1)[1]
-    body = re.split(r"^## ", body, maxsplit=1, flags=re.M)[0]
+    """(language, lines) of every fenced block of the guide's `text`."""
+    body = text
     return [(lang, code.strip("\n").splitlines()) for lang, code in re.findall(r"^```(\w*)\n(.*?)^```", body,
                                                                               flags=re.M | re.S)]
 
 
 def commands(lang: str = "bash") -> list[list[str]]:
     """Every command line of the section's `lang` blocks, split as a shell would (comments dropped)."""
-    blocks = section_blocks((REPO / "README.md").read_text())
+    blocks = section_blocks(GUIDE.read_text())
     return [shlex.split(line, comments=True) for kind, lines in blocks if kind == lang for line in lines
             if line.strip() and not line.lstrip().startswith("#")]
 
@@ -121,7 +121,7 @@ def test_every_command_of_running_and_composing_runs_as_printed(tmp_path):
 
 
 def test_the_sample_error_in_the_section_is_what_the_command_prints(tmp_path):
-    blocks = [lines for lang, lines in section_blocks((REPO / "README.md").read_text()) if lang == ""]
+    blocks = [lines for lang, lines in section_blocks(GUIDE.read_text()) if lang == ""]
     shown = [(lines[0][2:], lines[1]) for lines in blocks if lines and lines[0].startswith("$ ")]
     assert shown, "the section shows a command and its error"
     for command, printed in shown:
@@ -132,11 +132,11 @@ def test_the_sample_error_in_the_section_is_what_the_command_prints(tmp_path):
 
 
 def test_the_python_snippet_of_what_is_registered_runs():
-    text = (REPO / "README.md").read_text().split(SECTION, 1)[1]
-    part = re.split(r"^###? ", text.split("### What is registered", 1)[1], maxsplit=1, flags=re.M)[0]
+    text = GUIDE.read_text()
+    part = re.split(r"^##? ", text.split("## What is registered", 1)[1], maxsplit=1, flags=re.M)[0]
     blocks = [code.splitlines() for code in re.findall(r"^```python\n(.*?)^```", part, flags=re.M | re.S)]
     assert blocks
     for lines in blocks:
         scope: dict = {}
-        exec(compile("\n".join(lines), "README.md", "exec"), scope)  # noqa: S102 - the README's own code
+        exec(compile("\n".join(lines), str(GUIDE), "exec"), scope)  # noqa: S102 - the guide's own code
         assert isinstance(scope["opt"], torch.optim.AdamW)

@@ -14,19 +14,17 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO
+from helpers import guide
 from support import warm_cli
 from support.tiny_chat import CHATML, tiny_tokenizer
 
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-SECTION = "## Your own data"
 
 
 def _lines() -> list[list[str]]:
-    body = (REPO / "README.md").read_text().split(SECTION, 1)[1]
-    body = re.split(r"^## ", body, maxsplit=1, flags=re.M)[0]
+    body = guide("your_data")
     blocks = re.findall(r"^```bash\n(.*?)^```", body, flags=re.M | re.S)
     return [shlex.split(line) for block in blocks for line in block.splitlines() if line.strip()]
 

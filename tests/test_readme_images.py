@@ -15,19 +15,17 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import REPO
+from helpers import guide
 from support import warm_cli
 from support.digit_images import digits_pngs
 
 pytest.importorskip("datasets")
 
-SECTION = "## Your own images"
 CLASSES = tuple(range(10))
 
 
 def _lines() -> list[list[str]]:
-    body = (REPO / "README.md").read_text().split(SECTION, 1)[1]
-    body = re.split(r"^## ", body, maxsplit=1, flags=re.M)[0]
+    body = guide("your_images")
     blocks = re.findall(r"^```bash\n(.*?)^```", body, flags=re.M | re.S)
     return [shlex.split(line) for block in blocks for line in block.splitlines() if line.strip()]
 

@@ -7,13 +7,11 @@ import os
 import re
 
 import pytest
-from helpers import REPO
-
-SECTION = "## Use the parts in your own project"
+from helpers import guide
 
 
 def blocks() -> list[str]:
-    body = (REPO / "README.md").read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
+    body = guide("your_project")
     return re.findall(r"^```python\n(.*?)^```", body, flags=re.M | re.S)
 
 
@@ -41,6 +39,6 @@ def test_each_block_runs_as_printed(index, hub, tmp_path, monkeypatch, data_cach
         from support.tiny_chat import CHATML, tiny_tokenizer
 
         tiny_tokenizer(CHATML, eos="<|im_end|>").push_to_hub(CHAT_MODEL)  # SmolLM2's template is ChatML
-    code = compile(source, f"README.md ({SECTION[3:]}, block {index + 1})", "exec")
+    code = compile(source, f"docs/guides/your_project.md (block {index + 1})", "exec")
     exec(code, {"__name__": f"readme_block_{index}"})  # noqa: S102 - the README's own code, as a reader runs it
     assert os.getcwd() == str(tmp_path)

@@ -182,8 +182,8 @@ def _built_by_train(overrides: list[str], run_dir) -> dict:
     from hydra_zen import instantiate
     from omegaconf import DictConfig, OmegaConf
 
+    from framework.compose import compose_job
     from framework.pipeline import train
-    from framework.preflight import compose_job
 
     with fitted_recipe(overrides):
         cfg = compose_job([*overrides, f"hydra.run.dir={run_dir}"])
@@ -301,7 +301,7 @@ def test_ls_refuses_an_unknown_kind_with_the_valid_kind_and_group_names(capsys):
 
 
 def test_a_swapped_group_keeps_the_recipe_values_it_takes_and_leaves_out_the_others(tmp_path):
-    from framework.preflight import compose_job
+    from framework.compose import compose_job
 
     args = ["recipe=char_lm", "scheduler=constant", "optimizer=sgd"]
     with fitted_recipe(args) as left_out:

@@ -26,7 +26,7 @@ def prepare(argv: list[str]) -> dict[str, Any]:
     from framework.app import register_app
     from framework.assembly import hand_tokenizer
     from framework.cli import check_command_line
-    from framework.preflight import compose_job
+    from framework.compose import compose_job
     from framework.recipe import searchpath_folders
 
     register_app(searchpath_folders(argv))

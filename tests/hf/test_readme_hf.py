@@ -17,17 +17,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import guide
 from support import warm_cli
 
 pytest.importorskip("transformers")
 
-SECTION, SERVING, GROW = "## Your own Hugging Face model", "## Serving with a mixed KV cache", "## Grow your own MoE"
+SECTION, SERVING, GROW = "your_model", "kv_cache", "grow_moe"  # docs/guides/NAME.md
 
 
 def _blocks(section: str) -> list[tuple[str, str]]:
-    body = (REPO / "README.md").read_text().split(section, 1)[1]
-    body = re.split(r"^## ", body, maxsplit=1, flags=re.M)[0]
+    body = guide(section)
     return re.findall(r"^```(\w*)\n(.*?)^```", body, flags=re.M | re.S)
 
 

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 import torch
-from helpers import REPO, run_cli
+from helpers import guide, run_cli
 from support.stand_ins import CHAT_MODEL as BASE
 from support.stand_ins import serve_chat
 
@@ -78,9 +78,8 @@ def check_sft_lora_run(run, repo: str, served: dict, steps: int) -> dict:
 
 
 def readme_blocks() -> tuple[list[str], str]:
-    """The README's "Fine-tune a chat model" section: its bash lines and its python block."""
-    text = (REPO / "README.md").read_text().split("## Fine-tune a chat model", 1)[1]
-    text = re.split(r"^## ", text, maxsplit=1, flags=re.M)[0]
+    """docs/guides/fine_tune_chat.md: its bash lines and its python block."""
+    text = guide("fine_tune_chat")
     blocks = re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.M | re.S)
     bash = [line for kind, code in blocks if kind == "bash" for line in code.splitlines() if line.strip()]
     (python,) = [code for kind, code in blocks if kind == "python"]

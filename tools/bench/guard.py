@@ -71,7 +71,7 @@ def char_lm(size: str) -> tuple[Any, Any, dict[str, Any]]:
     from hydra_zen import instantiate
 
     from framework.assembly import assemble
-    from framework.preflight import compose_job
+    from framework.compose import compose_job
 
     _register()
     cfg = compose_job(["recipe=char_lm", f"size={size}", f"hydra.run.dir={tempfile.mkdtemp()}"])
