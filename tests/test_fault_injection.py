@@ -36,6 +36,11 @@ KILLED_BY_DEFAULT = ("mdlm_mask_agnostic",)  # the others train in bf16 in make 
 #: recipes whose default model and data are Hub ids (recipe=sft: a chat model and a chat dataset), served by tiny
 #: stand-ins under those ids on the local Hub; their make-test run is tests/hf/test_sft_cli.py's, so here slow only
 ON_THE_HUB = ("sft",)
+#: recipes whose bf16 run is in make test-slow only: each shares its module, model family and data kind with a recipe
+#: that trains in bf16 in make test (char_lm, pointer_chase_lm: olion_char_lm's causal LM; mdlm_*: mdlm_mask_agnostic's
+#: bf16 resume below; moe_growth_scratch: moe_growth; selection_compare: data_agent_digits' classifier and sampler)
+BF16_IN_SLOW = ("char_lm", "pointer_chase_lm", "mdlm_baseline", "mdlm_kv_recall", "mdlm_text", "moe_growth_scratch",
+                "selection_compare")
 
 
 def _kill_params() -> list:
@@ -54,7 +59,7 @@ def _env(request, name: str) -> dict | None:
     return {"HF_ENDPOINT": hub.url, "HF_TOKEN": "dummy", "HF_HOME": str(hub.root / "hf_home")}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ON_THE_HUB else n
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ON_THE_HUB + BF16_IN_SLOW else n
                                   for n in RECIPES.names() if n not in KILLED_BY_DEFAULT])
 def test_every_other_recipe_trains_in_bf16_to_finite_metrics(tmp_path, name, request):
     args = [f"recipe={name}", *SMOKE[name], "trainer.precision=bf16-mixed", f"hydra.run.dir={tmp_path}"]
