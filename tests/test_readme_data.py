@@ -1,7 +1,8 @@
-"""README's "Your own data" section, run as printed against the local Hub: every command line verbatim, in one folder,
-in a fresh `python` process each, with the shell's environment (no smoke size). The folder holds what the section
-says a reader has: `my_corpus/` (.txt files, one document each), `chats.jsonl` (conversations), and on the Hub a
-text dataset `local-user/my-corpus` and a chat model `local-user/tiny-chat` (a tiny Llama with a stock chat
+"""The guide docs/guides/your_data.md, run as printed against the local Hub: every command line verbatim, in one
+folder, in a fresh `python` process each, with the shell's environment (no smoke size). The folder holds what the
+guide says a reader has: `my_corpus/` (.txt files, one document each), `chats.jsonl` (conversations), and on the Hub
+a tiny stand-in under a text dataset's real id (`roneneldan/TinyStories`, a `text` column in `data/`) and under
+`recipe=sft`'s default chat model (`HuggingFaceTB/SmolLM2-135M-Instruct`: a tiny Llama with SmolLM2's ChatML
 template). Each line must exit 0 and its record must name the data the line gave it."""
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import sys
 import pytest
 from helpers import guide
 from support import warm_cli
-from support.tiny_chat import CHATML, tiny_tokenizer
+from support.stand_ins import serve_chat
 
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
+
+STORIES = "roneneldan/TinyStories"  # a public text dataset (`text` column), served here by a stand-in
 
 
 def _lines() -> list[list[str]]:
@@ -43,8 +46,6 @@ def _conversation(i: int) -> list[dict[str, str]]:
 
 def _reader_files(cwd, hub) -> None:
     """What the reader holds: the files in `cwd` and, on the Hub, the dataset and the chat model the lines name."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     corpus = cwd / "my_corpus"
     corpus.mkdir()
     docs = _documents()
@@ -54,21 +55,13 @@ def _reader_files(cwd, hub) -> None:
         for i in range(200):
             f.write(json.dumps({"messages": _conversation(i)}) + "\n")
     data = cwd / "hub_dataset"
-    data.mkdir()
-    with open(data / "train.jsonl", "w", encoding="utf-8") as f:
+    (data / "data").mkdir(parents=True)
+    with open(data / "data" / "train-00000-of-00001.jsonl", "w", encoding="utf-8") as f:
         for text in docs:
             f.write(json.dumps({"text": text}) + "\n")
-    hub.api.create_repo("local-user/my-corpus", repo_type="dataset", exist_ok=True)
-    hub.api.upload_folder(repo_id="local-user/my-corpus", repo_type="dataset", folder_path=str(data))
-    tok = tiny_tokenizer(CHATML, eos="<|im_end|>")
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, bos_token_id=None)
-    model = cwd / "hub_model"
-    LlamaForCausalLM(config).save_pretrained(model)
-    tok.save_pretrained(model)
-    hub.api.create_repo("local-user/tiny-chat", exist_ok=True)
-    hub.api.upload_folder(repo_id="local-user/tiny-chat", folder_path=str(model))
+    hub.api.create_repo(STORIES, repo_type="dataset", exist_ok=True)
+    hub.api.upload_folder(repo_id=STORIES, repo_type="dataset", folder_path=str(data))
+    serve_chat(hub.api)  # recipe=sft's default model (and data) under their real ids
 
 
 def _results(cwd, before: set) -> dict:
@@ -118,7 +111,7 @@ def test_the_your_own_data_section_runs_as_printed(tmp_path, hub, smoke, monkeyp
     records = []
     for argv in lines:
         before = set((cwd / "outputs").rglob("results.json")) if (cwd / "outputs").exists() else set()
-        if smoke and "data=chat" in argv:
+        if smoke and "recipe=sft" in argv:
             argv = [*argv, "data.seq_len=128"]
         proc = _run(argv, cwd, env, smoke, monkeypatch, capsys)
         assert proc.returncode == 0, (argv, proc.stderr[-3000:])
@@ -129,5 +122,5 @@ def test_the_your_own_data_section_runs_as_printed(tmp_path, hub, smoke, monkeyp
     text, prepared, streamed, chat = records
     assert json.dumps(text["data"]).count("my_corpus") >= 1, text["data"]
     assert text["data"]["fingerprint"] == prepared["fingerprint"]  # prepare built the cache the run reads
-    assert "local-user/my-corpus" in json.dumps(streamed["data"]) and streamed["data"]["streaming"]
+    assert STORIES in json.dumps(streamed["data"]) and streamed["data"]["streaming"]
     assert "chats.jsonl" in json.dumps(chat["data"]), chat["data"]
