@@ -153,6 +153,9 @@ def test_ls_prints_a_name_s_keys_and_refuses_an_unknown_one(capsys):
     assert find_kind("callbacks") is CALLBACKS
 
 
+# make test-slow, like every CLI's fresh process but framework.train's (tests/test_errors.py): about 9 s, nearly all
+# of it the catalog's import; make test runs the same main() in process above and in tests/test_readme_commands.py
+@pytest.mark.slow
 def test_ls_optimizer_olion_in_a_fresh_process():
     result = run_cli("optimizer", "olion", module="framework.ls", timeout=300)
     assert result.returncode == 0, result.stderr
