@@ -188,3 +188,11 @@ def test_docs_hub_walkthrough_runs_as_printed_against_the_installed_local_hub(tm
 @pytest.mark.parametrize("doc", [d for d in DOCS if d.name not in FAST], ids=lambda d: d.name)
 def test_every_command_of_a_doc_runs_as_printed(doc, tmp_path):
     run_doc(doc, tmp_path).close()
+
+
+def test_the_guides_and_the_readme_print_only_pasteable_lines():
+    """The same rule for the task guides and the README, whose lines their own tests run as printed."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs" / "guides").glob("*.md"))]
+    bad = {f"{page.name}: {line}": unpasteable(line) for page in pages for line, _ in commands(page)
+           if unpasteable(line)}
+    assert not bad, f"lines a reader cannot paste as printed (say it in the prose, as <...>): {bad}"

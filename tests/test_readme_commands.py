@@ -3,9 +3,8 @@ printed: every line of its command blocks, verbatim.
 
 Only two things differ from a reader's shell: `python` is this interpreter, and `FRAMEWORK_SMOKE=1` (documented in
 that section) shrinks each run to its recipe's smoke size; `framework.ls` lines run in this process. Each command
-runs in its own empty directory, so its `outputs/` and `multirun/` are its own. The one placeholder,
-`outputs/train/...` in the resume line, is filled with the run dir of the section's first command (the same
-recipe and settings), in that command's directory.
+runs in its own empty directory, so its `outputs/` and `multirun/` are its own, but the resume line, which runs in
+the first command's directory after it: it resumes that run from the checkpoint the guide names.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from support import warm_cli
 from framework.ls import main as ls_main
 
 GUIDE = REPO / "docs" / "guides" / "running.md"
-PLACEHOLDER = "outputs/train/..."
+FIRST_RUN = "runs/char_lm"  # the first command's run dir, which the resume line names
 
 
 def section_blocks(text: str) -> list[tuple[str, list[str]]]:
@@ -67,8 +66,8 @@ def _ls(argv: list[str]) -> bool:
 
 def test_the_section_has_the_commands_this_test_knows_how_to_check():
     cmds = commands()
-    assert sum(PLACEHOLDER in " ".join(c) for c in cmds) == 1  # the resume line
-    assert cmds[0][:4] == ["python", "-m", "framework.train", "recipe=char_lm"] and len(cmds[0]) == 4
+    assert sum(f"ckpt_path={FIRST_RUN}/checkpoints/last.ckpt" in c for c in cmds) == 1  # the resume line
+    assert cmds[0] == ["python", "-m", "framework.train", "recipe=char_lm", f"hydra.run.dir={FIRST_RUN}"]
     assert all(c[:3] in (["python", "-m", "framework.train"], ["python", "-m", "framework.ls"]) for c in cmds)
 
 
@@ -76,7 +75,7 @@ def test_the_section_has_the_commands_this_test_knows_how_to_check():
 @pytest.mark.long
 def test_every_command_of_running_and_composing_runs_as_printed(tmp_path):
     cmds = commands()
-    resume = next(i for i, c in enumerate(cmds) if PLACEHOLDER in " ".join(c))
+    resume = next(i for i, c in enumerate(cmds) if any(a.startswith("ckpt_path=") for a in c))
     dirs = [tmp_path / f"cmd{i}" for i in range(len(cmds))]
     for d in dirs:
         d.mkdir()
@@ -85,9 +84,8 @@ def test_every_command_of_running_and_composing_runs_as_printed(tmp_path):
         done = {i: run(c, dirs[i]) for i, c in enumerate(cmds) if _ls(c)}  # in this thread: it redirects stdout
         first = futures[0].result()
         assert first.returncode == 0, first.stderr[-3000:]
-        (run_dir,) = (dirs[0] / "outputs" / "train").iterdir()
-        filled = [a.replace(PLACEHOLDER, f"outputs/train/{run_dir.name}") for a in cmds[resume]]
-        futures[resume] = pool.submit(run, filled, dirs[0])
+        run_dir = dirs[0] / FIRST_RUN
+        futures[resume] = pool.submit(run, cmds[resume], dirs[0])  # as printed, where the first one ran
         done.update({i: f.result() for i, f in futures.items()})
     for i, proc in sorted(done.items()):
         assert proc.returncode == 0, f"{shlex.join(cmds[i])}\n{proc.stderr[-3000:]}"
@@ -103,8 +101,9 @@ def test_every_command_of_running_and_composing_runs_as_printed(tmp_path):
             assert sorted(json.loads(r.read_text())["choices"]["optimizer"] for r in runs) == ["adamw", "sgd"]
         elif cmd[2] == "framework.train":
             where = dirs[0 if i == resume else i] / "outputs" / "train"
-            results = [json.loads(r.read_text()) for r in where.glob("*/results.json")]
-            assert len(results) == (2 if i in (0, resume) else 1), line  # the first dir: the run and its resumption
+            found = [run_dir / "results.json"] if i == 0 else list(where.glob("*/results.json"))
+            results = [json.loads(r.read_text()) for r in found]
+            assert len(results) == 1, line
             assert all(r["recipe"] == "char_lm" for r in results)
             if "optimizer=sgd" in cmd:
                 assert results[0]["choices"]["optimizer"] == "sgd"
@@ -114,7 +113,7 @@ def test_every_command_of_running_and_composing_runs_as_printed(tmp_path):
                 assert (where / Path(results[0]["run_dir"]).name / "results.rank1.json").is_file()
         else:
             assert out.strip(), line  # framework.ls lists something
-    (resumed_json,) = [p for p in (dirs[0] / "outputs" / "train").glob("*/results.json") if p.parent != run_dir]
+    (resumed_json,) = (dirs[0] / "outputs" / "train").glob("*/results.json")
     resumed = json.loads(resumed_json.read_text())
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert "ckpt_path=" in resumed["command"] and resumed["global_step"] == ckpt["global_step"] > 0
