@@ -35,13 +35,24 @@ def _job(*overrides: str) -> dict:
     return OmegaConf.to_container(compose("train", overrides=list(overrides)), resolve=False)
 
 
-def test_a_yaml_recipe_in_a_folder_lists_composes_and_trains(tmp_path):
+def _yaml_recipe_folder(tmp_path) -> str:
+    """The guide's YAML recipe as conf/recipe/my_sgd_lm.yaml in `tmp_path`; returns the `hydra.searchpath=` for it."""
     (tmp_path / "conf" / "recipe").mkdir(parents=True)
     (tmp_path / "conf" / "recipe" / "my_sgd_lm.yaml").write_text(readme_yaml_recipe())
-    search = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
-    listed = run_cli("recipe", "my_*", "-v", search, module="framework.ls", timeout=120)
+    return f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+
+
+# make test-slow: framework.ls in a fresh process (about 9 s, nearly all the catalog's import); the train CLI below
+# reads the same folder in make test
+@pytest.mark.slow
+def test_a_yaml_recipe_in_a_folder_is_listed(tmp_path):
+    listed = run_cli("recipe", "my_*", "-v", _yaml_recipe_folder(tmp_path), module="framework.ls", timeout=120)
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert "my_sgd_lm" in listed.stdout and "char_lm trained with SGD" in listed.stdout
+
+
+def test_a_yaml_recipe_in_a_folder_composes_and_trains(tmp_path):
+    search = _yaml_recipe_folder(tmp_path)
     run_dir = tmp_path / "run"
     proc = run_cli("recipe=my_sgd_lm", "size=smoke", search, f"hydra.run.dir={run_dir}", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -52,7 +63,7 @@ def test_a_yaml_recipe_in_a_folder_lists_composes_and_trains(tmp_path):
     assert job.scheduler.warmup_steps == 40 and job.data.max_bytes == 60000  # char_lm's value, char_lm's smoke size
 
 
-@pytest.mark.slow  # a fresh process (9 s); make test runs a YAML recipe from a folder through the CLI (above)
+@pytest.mark.slow  # two fresh processes (9 s each); make test runs a YAML recipe from a folder through the CLI (above)
 def test_a_yaml_recipe_that_does_not_parse_is_named_with_its_line_in_one_error_line(tmp_path):
     (tmp_path / "conf" / "recipe").mkdir(parents=True)
     bad = tmp_path / "conf" / "recipe" / "broken.yaml"

@@ -200,7 +200,7 @@ def test_a_fit_on_the_users_classes_pushes_them_as_label_names_and_no_imagenet_f
 
 
 # ---- timm's own push → from_pretrained / pull -------------------------------------------------------------------
-def test_what_timm_pushes_loads_through_from_pretrained_load_config_and_pull(hub):
+def test_what_timm_pushes_loads_through_from_pretrained_load_config_and_pull(hub, capsys):
     from timm.models import push_to_hf_hub
 
     model = timm.create_model("test_resnet", pretrained=False, num_classes=7).eval()
@@ -214,7 +214,20 @@ def test_what_timm_pushes_loads_through_from_pretrained_load_config_and_pull(hub
     via_build = from_pretrained("local-user/timm-theirs",
                                 build=lambda name, values: built.append(name) or timm.create_model(name, **values))
     assert built == ["test_resnet"] and same_weights(via_build, model)
-    proc = pull("local-user/timm-theirs", hub)
+    from framework.hub.cli import main as hub_main  # in process; in a fresh process: the slow test below
+
+    capsys.readouterr()
+    assert hub_main(["pull", "local-user/timm-theirs"]) == 0
+    out = capsys.readouterr().out
+    assert "test_resnet (ResNet, " in out and "num_classes=7" in out
+
+
+@pytest.mark.slow  # a fresh process (about 9 s, nearly all imports); make test runs the same main() in process above
+def test_a_timm_push_pulls_in_a_fresh_process(hub):
+    from timm.models import push_to_hf_hub
+
+    push_to_hf_hub(timm.create_model("test_resnet", pretrained=False, num_classes=7), "local-user/timm-fresh")
+    proc = pull("local-user/timm-fresh", hub)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "test_resnet (ResNet, " in proc.stdout and "num_classes=7" in proc.stdout
 

@@ -120,6 +120,9 @@ def test_duo_attention_distils_at_each_completions_tokens_through_its_end_and_mo
     assert not torch.equal(probe.gates, torch.ones(2, 2))
 
 
+# make test-slow (~15 s of a busy suite): make test runs the probe's CLI in bf16 (test_fault_injection), a chat file
+# through the CLI (data/test_chat.py) and the prompt batches the probe takes from chat rows (above), in process
+@pytest.mark.slow
 def test_rlkv_probes_a_model_on_a_chat_file_through_the_cli(cli, tmp_path):
     """`recipe=rlkv_probe data=chat data.source=<file> model=hf_causal_lm model.name_or_path=<folder>`: the rows
     come as prompts (logged), the probe trains its gates a few steps on them and writes its allocation; the run's
