@@ -8,8 +8,8 @@ the extras its install lines name must exist, and each guide and method page it 
 from __future__ import annotations
 
 import re
-import tomllib
 
+import pytest
 from helpers import GUIDES, REPO
 
 README = (REPO / "README.md").read_text()
@@ -37,6 +37,7 @@ def test_every_readme_command_is_a_guides_line_or_an_install_or_make_line():
 
 
 def test_the_extras_the_readme_installs_exist():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     extras = set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"])
     named = {e for group in re.findall(r"pip install -e '\.\[([\w,]+)\]'", README) for e in group.split(",")}
     assert named and named <= extras, named - extras
