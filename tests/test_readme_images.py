@@ -1,7 +1,7 @@
 """README's "Your own images" section, run as printed against the local Hub: every command line verbatim, in one
 folder, each in a fresh `python` process, with the shell's environment. The folder holds what the section says a
 reader has: `my_images/` (one folder per class of PNG files: scikit-learn's digits), `my_samples/` (other digits,
-noisier: the "generated" side), and on the Hub an image dataset `local-user/my-images` (parquet, an image and a
+noisier: the "generated" side), and on the Hub an image dataset `your-name/my-images` (parquet, an image and a
 ClassLabel column, train and test splits). Each line must exit 0 and give what the section says it gives."""
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def _reader_files(cwd, hub) -> None:
     for split, part in (("train", slice(0, 100)), ("test", slice(100, 120))):
         rows = {"image": [str(f) for f in files[part]], "label": [int(f.parent.name) for f in files[part]]}
         Dataset.from_dict(rows, features=features).to_parquet(up / f"{split}-00000-of-00001.parquet")
-    hub.api.create_repo("local-user/my-images", repo_type="dataset", exist_ok=True)
-    hub.api.upload_folder(repo_id="local-user/my-images", repo_type="dataset", folder_path=str(up.parent))
+    hub.api.create_repo("your-name/my-images", repo_type="dataset", exist_ok=True)
+    hub.api.upload_folder(repo_id="your-name/my-images", repo_type="dataset", folder_path=str(up.parent))
 
 
 def _results(cwd, before: set) -> dict:
@@ -109,11 +109,11 @@ def test_the_your_own_images_section_runs_as_printed(tmp_path, hub, small, monke
     trained, opened, tuned, scored = outputs
     assert trained["data"]["dataset"] == "my_images/" and trained["data"]["classes"] == 10
     assert trained["data"]["images"] == 150 and trained["data"]["input_size"] == [1, 64, 64]  # grey: one channel
-    pushed = hub.api.list_repo_files("local-user/my-classifier")
+    pushed = hub.api.list_repo_files("your-name/my-classifier")
     assert {"config.json", "model.safetensors"} <= set(pushed), pushed
     assert opened.split()[-4:] == ["10", "(1,", "64,", "64)"], opened  # timm's own loader: 10 classes, 64x64
-    assert tuned["data"]["dataset"] == "local-user/my-images" and tuned["data"]["validation"] == "test"
-    assert tuned["data"]["sha"] == hub.api.dataset_info("local-user/my-images").sha
+    assert tuned["data"]["dataset"] == "your-name/my-images" and tuned["data"]["validation"] == "test"
+    assert tuned["data"]["sha"] == hub.api.dataset_info("your-name/my-images").sha
     assert (tuned["data"]["train_images"], tuned["data"]["val_images"]) == (100, 20)
     report = json.loads(scored[scored.index("{"):])
     assert report["n_real"] == 150 and report["n_fake"] == 60 and report["feature"]["name"].endswith("my-classifier")

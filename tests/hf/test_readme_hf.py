@@ -137,7 +137,7 @@ def test_the_serving_section_runs_exactly_as_printed(hub, tmp_path):
     (line, base), (probe_line, probe) = ran[0], ran[1]
     assert base["global_step"] == _steps(line) == 2000 and probe["global_step"] == _steps(probe_line)
     assert base["metrics"]["val/loss"] < 0.1 * base["initial_metrics"]["val/loss_init"], base["metrics"]  # learned
-    config = json.loads(Path(hub.api.hf_hub_download("local-user/chase-llama", "config.json")).read_text())
+    config = json.loads(Path(hub.api.hf_hub_download("your-name/chase-llama", "config.json")).read_text())
     assert (config["pad_token_id"], config["bos_token_id"], config["eos_token_id"]) == (PAD, BOS, EOS), config
     _check_serving(hub, printed, ran)
 
@@ -154,7 +154,7 @@ def test_the_serving_section_runs_as_printed(hub, tmp_path):
 
 
 def _check_serving(hub, printed: list[str], ran: list) -> None:
-    files = set(hub.api.list_repo_files("local-user/chase-llama-rlkv"))
+    files = set(hub.api.list_repo_files("your-name/chase-llama-rlkv"))
     assert {"head_allocation.json", "attn_pattern/full_attention_heads.tsv", "attn_pattern/config.json"} <= files
     line, out = ran[-1]
     held, full = re.search(r"kv cache: ([\d,]+) bytes held for \d+ positions, the full cache ([\d,]+)", out).groups()
@@ -176,12 +176,12 @@ def test_the_grow_your_own_moe_section_runs_exactly_as_printed(hub, tmp_path):
     printed, ran = _run_section(GROW, hub, tmp_path, one_folder=True, as_printed=True)
     assert ran[0][1]["global_step"] == _steps(ran[0][0])
     assert printed == ["4 8 2"]
-    files = set(hub.api.list_repo_files("local-user/tiny-olmoe-grown"))
+    files = set(hub.api.list_repo_files("your-name/tiny-olmoe-grown"))
     assert {"config.json", "model.safetensors", "framework.json", "growth.json"} <= files, files
     assert "written to grown-olmoe" in ran[1][1]  # the grow line, as printed
     ids = torch.tensor([list(b"def main():\n    return 0")])
     with torch.no_grad():
-        trained, grown = (AutoModelForCausalLM.from_pretrained(f"local-user/{name}").eval()(ids).logits
+        trained, grown = (AutoModelForCausalLM.from_pretrained(f"your-name/{name}").eval()(ids).logits
                           for name in ("tiny-olmoe", "tiny-olmoe-grown"))
     # the same function up to the expert copies' noise (α = 0.01 by default: 0.0018 of the logits' scale measured;
     # `--alpha 0`: 4e-7 of it, measured)
