@@ -1,8 +1,8 @@
-"""README's Hugging Face sections ("Your own Hugging Face model", "Serving with a mixed KV cache", "Grow your own MoE"),
-run in order against the local Hub: every command line and every Python block (in a fresh process, as a reader would).
-`make test` runs the serving section's lines at their recipe's smoke size and steps (`FRAMEWORK_SMOKE=1`); `make
-test-slow` runs each section exactly as printed, in fresh processes, its steps and sizes its own, and checks what the
-section says of it (each line's wall time printed: `pytest -s`)."""
+"""The Hugging Face guides (docs/guides/your_model.md, kv_cache.md, grow_moe.md; the README's sections before), run in
+order against the local Hub: every command line and every Python block (in a fresh process, as a reader would). All
+in `make test-slow`: each guide exactly as printed, in fresh processes, its steps and sizes its own, checking what
+the guide says of it (each line's wall time printed: `pytest -s`); `make test` covers their lines' paths in process
+(tests/hf/: the families, the probes, the mixed cache and growth on transformers models)."""
 
 from __future__ import annotations
 
