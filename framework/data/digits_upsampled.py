@@ -16,15 +16,10 @@ from framework.data.digits import DigitsData
 class UpsampledDigits(DigitsData):
     """Digits as (1, size, size) images (bilinear upsampling of the 8×8 originals), `label_noise` on training.
 
+    The settings it shares with `DigitsData` mean the same and are documented there.
+
     Args:
         size: image side in pixels after upsampling, an integer ≥ 8.
-        batch_size: samples per batch (the same for every split).
-        seed: seed of the split, the label noise and the training order.
-        label_noise: fraction of training labels moved to another random class, in [0, 1); val/test stay clean.
-        pixel_noise: std of Gaussian noise on every split's pixels, as a fraction of the 0..16 intensity range; 0: none.
-        val_fraction: fraction of the samples held out for validation, in (0, 1).
-        test_fraction: fraction of the samples held out for testing, in (0, 1); with `val_fraction` below 1.
-        num_workers: DataLoader worker processes; 0 loads in the main process.
     """
 
     def __init__(self, size: int = 16, batch_size: int = 64, seed: int = 0, label_noise: float = 0.2,

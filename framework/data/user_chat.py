@@ -38,27 +38,14 @@ class ChatData(TextData):
     The shape (TRL's `messages` or `prompt`/`completion`) is found from the columns. Needs a model that brings a
     tokenizer (the framework's byte models have none).
 
+    The settings it shares with `TextData` mean the same and are documented there.
+
     Args:
-        source: a file, folder, glob (`corpus/*.jsonl`) or Hub dataset id `owner/name`; required.
         columns: TRL's column names mapped to the source's (`{messages: conversations}`); None: TRL's names as is.
         train_on: tokens that get the loss: "assistant" (every assistant turn), "last" (the last one) or "all".
         truncate: cut a conversation longer than `seq_len` (counted in the log); False refuses it.
         chat_template: a Jinja chat template, or a file holding one, instead of the tokenizer's own; None: its own.
         template_kwargs: further row columns passed to the template as arguments (besides tools, documents, ...).
-        revision: Hub branch, tag or commit of a Hub `source`, pinned in the cache key; None: the default branch.
-        format: datasets' reader ("text", "json", "csv", "parquet", "arrow"); None: from the files' extensions.
-        split: the source's split to train on.
-        val_split: the source's split to validate on; None: its own validation/valid/val/dev/test split if any.
-        val_fraction: share of the documents held out for validation when there is no validation split, in (0, 1).
-        seq_len: tokens per row; None: the run's model's maximum length.
-        packing: pack several documents per row (attention kept within each); False: one document per padded row.
-        batch_size: rows per batch.
-        seed: seed of the training rows' order; None: 0 (a run fills in its own seed).
-        num_workers: DataLoader worker processes; 0 loads in the main process.
-        cache_dir: root of the packed-data cache; None: $FRAMEWORK_DATA_CACHE, else ~/.cache/framework/data.
-        streaming: read the training split as a stream instead of packing it into the cache first (very large corpora).
-        config: the Hub dataset's configuration (subset) name; None: its default.
-        allow_changed: resume even if the data changed since the checkpoint; False refuses, naming what changed.
     """
 
     def __init__(

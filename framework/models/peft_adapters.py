@@ -118,16 +118,9 @@ class QLoRA(LoRA):
     `compute_dtype`), through transformers' `BitsAndBytesConfig` and `peft.prepare_model_for_kbit_training`. It needs
     a CUDA GPU and `bitsandbytes`: refused by name anywhere else.
 
+    The settings it shares with `LoRA` mean the same and are documented there.
+
     Args:
-        r: rank of each adapter's A and B matrices, a positive integer.
-        alpha: adapter scale numerator: B·A is multiplied by alpha / r (alpha / sqrt(r) with `use_rslora`).
-        dropout: dropout probability on the adapters' input, in [0, 1).
-        target_modules: "all-linear" (every linear layer but the output head) or a list of layer names to adapt.
-            A name matches a layer's full dotted name or its last parts.
-        use_dora: weight-decomposed LoRA (DoRA): adapt a magnitude and a direction separately.
-        use_rslora: rank-stabilised scaling alpha / sqrt(r) instead of alpha / r.
-        modules_to_save: layers trained in full beside the adapters (e.g. a new head); None: none.
-        merge: push the model with the adapters merged into its weights, not the adapter alone.
         quant_type: 4-bit data type of the frozen base: "nf4" (NormalFloat) or "fp4".
         compute_dtype: dtype the 4-bit layers compute in, e.g. "bfloat16" or "float16".
         double_quant: also quantize the quantization constants (saves about 0.4 bits per weight).

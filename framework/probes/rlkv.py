@@ -79,6 +79,8 @@ class RLKVProbe(HeadProbe):
 
     Log-probs are scored at the rollouts' temperature.
 
+    The options every probe shares (`sink`, `recent`, `sparsity`, `pretrain_steps`, ...) are `HeadProbe`'s.
+
     Args:
         model: the causal LM to probe, frozen (or a factory of one); supplied by the framework at build time.
         optimizer: factory of the gates' optimizer, from `optimizer=`; None: AdamW at lr 1e-2, no weight decay.
@@ -88,21 +90,6 @@ class RLKVProbe(HeadProbe):
         tau: mean reward at or below which the L1 penalty is off (β' = 0).
         temperature: sampling temperature of the rollouts, > 0 (RLKV uses 1.0 for distilled models).
         seed: seed of the rollout sampling; each step draws from (seed, step).
-        vocab_size: the data's vocabulary size, handed to a model factory; supplied from the data at build time.
-        sink: first tokens every compressed (streaming) head keeps attending to, ≥ 0.
-        recent: most recent tokens a compressed head attends to (its sliding window), ≥ 1.
-        init_gate: starting value of every gate, in [0, 1] (1: every head fully attends).
-        sparsity: fraction of KV heads compressed in the saved allocation and the progress-bar accuracy, in [0, 1].
-        eval_sparsities: sparsities at which validation decodes with the real mixed cache (`val/acc_s{s}`).
-        reward: `(generated, answer) -> per-row reward` scoring decoded answers; default exact match.
-        pretrain_steps: teacher-forcing steps that first train a still-random base; 0: probe the base as it is.
-        pretrain_lr: peak AdamW lr of that base pretraining (warm-up, then cosine).
-        pretrain_batch_size: batch size of the base pretraining, from the data's `pretrain_dataloader`.
-        prompt_length: prompt tokens per row; None: taken from the data.
-        max_new_tokens: answer tokens decoded per prompt; None: taken from the data.
-        eos_id: token id that ends an answer; None: taken from the data.
-        pad_id: token id of padding; None: taken from the data.
-        save_allocation: write `head_allocation.json` to the run dir at the end of fit.
     """
 
     method = "rlkv"
