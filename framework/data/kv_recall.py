@@ -112,16 +112,12 @@ class KVRecallData(RetrievalData):
     """Key-value recall (GPU-sized): `n_train` rows from `seed`, `n_val` held-out rows from another
     stream; `eval_batch(m, ...)` gives `prompt + [MASK]^(1+m)` inputs for the `mask_sweep` callback.
 
+    The settings both retrieval tasks share are `RetrievalData`'s.
+
     Args:
         n_pairs: key-value pairs in each prompt (≥ 1); also the number of answer slots.
         n_keys: size of the key vocabulary, ≥ n_pairs (a prompt's keys are distinct).
         n_values: size of the value vocabulary (≥ 2); chance accuracy is 1/n_values.
-        max_eos: most trailing EOS tokens after the answer; each row draws p ~ U{0..max_eos}.
-        n_train: training rows, generated from `seed`.
-        n_val: validation rows, generated from a separate stream.
-        batch_size: rows per batch.
-        seed: seed of the generated rows (the same seed gives the same rows).
-        num_workers: DataLoader worker processes; 0 loads in the main process.
     """
 
     pad_id, mask_id, bos_id, sep_id, eos_id = PAD, MASK, BOS, SEP, EOS

@@ -131,6 +131,14 @@ class RetrievalData(SymbolTask, SplitData):
     `eval_batch(m, ...)`: held-out `prompt + [MASK]^(1+m)` inputs for the `mask_sweep` callback.
 
     A subclass sets `make_rows` / `make_eval_batch` (its task's functions) and `prompt_shape()` (their keywords).
+
+    Args:
+        max_eos: most trailing EOS tokens after the answer; each row draws p ~ U{0..max_eos}.
+        n_train: training rows, generated from `seed`.
+        n_val: validation rows, generated from a separate stream.
+        batch_size: rows per batch.
+        seed: seed of the generated rows (the same seed gives the same rows).
+        num_workers: DataLoader worker processes; 0 loads in the main process.
     """
 
     make_rows: Callable[..., dict[str, Tensor]]
@@ -169,15 +177,11 @@ class RetrievalData(SymbolTask, SplitData):
 class NeedleData(RetrievalData):
     """Needle retrieval: `n_train` training rows from `seed`, `n_val` held-out rows from another stream.
 
+    The settings both retrieval tasks share are `RetrievalData`'s.
+
     Args:
         n_symbols: size of the content vocabulary shared by filler and values (≥ 2); chance is 1/n_symbols.
         context_len: content tokens in the context, an even number ≥ 2; the needle sits in one of context_len/2 slots.
-        max_eos: most trailing EOS tokens after the answer; each row draws p ~ U{0..max_eos}.
-        n_train: training rows, generated from `seed`.
-        n_val: validation rows, generated from a separate stream.
-        batch_size: rows per batch.
-        seed: seed of the generated rows (the same seed gives the same rows).
-        num_workers: DataLoader worker processes; 0 loads in the main process.
     """
 
     pad_id, mask_id, bos_id, sep_id, eos_id, needle_id = PAD, MASK, BOS, SEP, EOS, NDL

@@ -48,7 +48,20 @@ class HFLanguageModel(RecordsConfig):
 
     `causal=False` runs a causal family without its causal mask (transformers 5 uses a 4-D boolean mask as given:
     checked on Llama, Qwen2/3, Mistral, Mixtral, OLMoE) as an MDLM backbone, its logits shifted one place right
-    (Dream's convention, so an autoregressive head keeps its meaning). The registered subclasses list the arguments.
+    (Dream's convention, so an autoregressive head keeps its meaning). The registered subclasses list only their own.
+
+    Args:
+        name_or_path: Hub id or local folder (`save_pretrained` layout) to load; give this or `config`, not both.
+        config: transformers config values with `model_type` (`{model_type: llama, ...}`) for a fresh, untrained model.
+        vocab_size: token ids the data uses; supplied from the data at build time (a fresh config without one takes it).
+            A loaded model must have at least that many embeddings.
+        revision: Hub branch, tag or commit of `name_or_path`; None: the default branch.
+        dtype: dtype of the weights: "float32", "bfloat16" or "float16".
+        attn_implementation: transformers' attention kernel ("sdpa", "eager", or a registered one); None: its default.
+        tokenizer: Hub id or folder of the tokenizer when it is not `name_or_path`'s (a grown model's source).
+        strict: refuse checkpoint weights that are missing, unexpected or misshapen; False loads with a warning.
+        special_ids: the data's special token ids (`{"eos_id": 3, ...}`) a fresh config takes; supplied by the run.
+        gradient_checkpointing: transformers' own non-reentrant checkpointing: recompute activations, saving memory.
     """
 
     kind = "causal"
@@ -192,19 +205,10 @@ class HFCausalLM(HFLanguageModel):
     (`forward(ids, gates=, window=)`, `forward(ids, cache=)`, `gate_shape`, `mixed_cache`), through transformers'
     attention interface (`framework.serving.hf_attention`), so the probes and `decode` run on it unchanged.
 
+    The settings both transformers models share are `HFLanguageModel`'s.
+
     Args:
-        name_or_path: Hub id or local folder (`save_pretrained` layout) to load; give this or `config`, not both.
-        config: transformers config values with `model_type` (`{model_type: llama, ...}`) for a fresh, untrained model.
-        vocab_size: token ids the data uses; supplied from the data at build time (a fresh config without one takes it).
-            A loaded model must have at least that many embeddings.
-        revision: Hub branch, tag or commit of `name_or_path`; None: the default branch.
-        dtype: dtype of the weights: "float32", "bfloat16" or "float16".
-        attn_implementation: transformers' attention kernel ("sdpa", "eager", or a registered one); None: its default.
         causal: keep the causal mask; False runs it bidirectionally as an MDLM backbone (logits shifted right).
-        tokenizer: Hub id or folder of the tokenizer when it is not `name_or_path`'s (a grown model's source).
-        strict: refuse checkpoint weights that are missing, unexpected or misshapen; False loads with a warning.
-        special_ids: the data's special token ids (`{"eos_id": 3, ...}`) a fresh config takes; supplied by the run.
-        gradient_checkpointing: transformers' own non-reentrant checkpointing: recompute activations, saving memory.
         quantization: transformers' `BitsAndBytesConfig` values for a 4-bit base (handed in by `peft=qlora`; CUDA).
     """
 
@@ -291,18 +295,7 @@ class HFMaskedLM(HFLanguageModel):
     """A transformers masked LM (`AutoModelForMaskedLM`: BERT, RoBERTa, ModernBERT, ...): bidirectional, logits at
     each position, a [MASK] token: an MDLM backbone.
 
-    Args:
-        name_or_path: Hub id or local folder (`save_pretrained` layout) to load; give this or `config`, not both.
-        config: transformers config values with `model_type` (`{model_type: llama, ...}`) for a fresh, untrained model.
-        vocab_size: token ids the data uses; supplied from the data at build time (a fresh config without one takes it).
-            A loaded model must have at least that many embeddings.
-        revision: Hub branch, tag or commit of `name_or_path`; None: the default branch.
-        dtype: dtype of the weights: "float32", "bfloat16" or "float16".
-        attn_implementation: transformers' attention kernel ("sdpa", "eager", or a registered one); None: its default.
-        tokenizer: Hub id or folder of the tokenizer when it is not `name_or_path`'s (a grown model's source).
-        strict: refuse checkpoint weights that are missing, unexpected or misshapen; False loads with a warning.
-        special_ids: the data's special token ids (`{"eos_id": 3, ...}`) a fresh config takes; supplied by the run.
-        gradient_checkpointing: transformers' own non-reentrant checkpointing: recompute activations, saving memory.
+    Its settings are `HFLanguageModel`'s.
     """
 
     kind = "masked"
