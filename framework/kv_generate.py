@@ -14,8 +14,8 @@ bfloat16 or float16 halve the cache). Prints the new tokens (and their text), an
 the full cache's (every KV head keeping every position, keys and values each at their own head dim), and beside
 transformers' own cache where that holds something else (an MLA model's compressed latents).
 
-    python -m framework.kv_generate local-user/chase-llama-rlkv --sparsity 0.5 --ids "2 7 21 9 30 ..." -n 9
-    python -m framework.kv_generate my-chat-model/ --pattern probe-run/ --prompt "What colour is the sky?" --chat
+    python -m framework.kv_generate your-name/chase-llama-rlkv --sparsity 0.5 --ids "2 7 21 9 30" -n 9
+    python -m framework.kv_generate your-name/smollm2-kv --sparsity 0.5 --prompt "What colour is the sky?" --chat
 
 Exit codes: 0 done; 2 refused input (an allocation of another shape than the model's layers × KV heads, a sparsity
 outside [0, 1], a window not shorter than the context, a prompt + new tokens past the model config's

@@ -34,9 +34,9 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
 
 
-# make test-slow: make test runs a two-process DDP run through the CLI (test_train_cli.py)
-@pytest.mark.slow
-def test_two_nodes_by_torchrun_as_printed_end_as_one_node_with_two_processes(tmp_path):
+def _two_nodes(tmp_path: Path) -> tuple[list[list[str]], Path, dict]:
+    """The guide's two torchrun lines as printed, together, in `tmp_path`: both nodes exit 0 and write into the one
+    run dir the lines name (rank 1's record beside rank 0's). Returns the lines, that dir and its results."""
     lines = cluster_lines()
     assert len(lines) == 2 and all(line[0] == "torchrun" for line in lines)
     nodes = [subprocess.Popen(line, cwd=tmp_path, env=_env(), text=True, stdout=subprocess.PIPE,
@@ -47,6 +47,20 @@ def test_two_nodes_by_torchrun_as_printed_end_as_one_node_with_two_processes(tmp
     two_nodes = tmp_path / "runs" / "two_nodes"
     results = json.loads((two_nodes / "results.json").read_text())
     assert results["status"] == "finished" and (two_nodes / "results.rank1.json").exists()  # both nodes wrote here
+    assert results["global_step"] > 0 and json.loads((two_nodes / "results.rank1.json").read_text())["global_step"] \
+        == results["global_step"]
+    return lines, two_nodes, results
+
+
+def test_two_nodes_by_torchrun_run_as_printed(tmp_path):
+    """make test: the guide's lines as printed (they are smoke-sized already), two torchrun launchers at once."""
+    _two_nodes(tmp_path)
+
+
+# make test-slow: the same two nodes, compared with one node of two processes (a third fresh run)
+@pytest.mark.slow
+def test_two_nodes_by_torchrun_as_printed_end_as_one_node_with_two_processes(tmp_path):
+    lines, two_nodes, results = _two_nodes(tmp_path)
 
     one_node = tmp_path / "one_node"
     args = [a for a in lines[0][lines[0].index("-m") + 2:] if not a.startswith(("trainer.num_nodes=",

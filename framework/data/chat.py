@@ -184,14 +184,15 @@ class ChatRenderer:
         return ids, labels
 
     def prompt_completion(self, row: Mapping[str, Any], index: int) -> tuple[np.ndarray, np.ndarray]:
-        """A `prompt`/`completion` row's prompt ids (what a model is given, with the generation prompt) and its
-        completion ids (what it should produce, through the end token): the probes generate from the first."""
-        if self.shape != "prompt/completion":
-            raise InputError(f"data=chat: prompt and completion ids need prompt/completion rows, these are "
-                             f"{self.shape} (map columns with data.columns={{prompt: ..., completion: ...}})")
-        lay = self._lay(row, index, train_on="assistant")
+        """A row's prompt ids (what a model is given, ending in the generation prompt) and completion ids (what it
+        should produce, through the end token): the probes generate from the first. A `prompt`/`completion` row's
+        completion is its assistant turns; a `messages` row's is its last assistant turn, its prompt the conversation
+        before it. Both are cut from the row's one render, where its training mask finds the assistant's tokens."""
+        last = self.shape == "messages"
+        lay = self._lay(row, index, train_on="last" if last else "assistant")
         if lay is None:
-            raise InputError(f"data=chat: row {index}'s completion has no assistant turn to generate")
+            raise InputError(f"data=chat: row {index}'s {'conversation' if last else 'completion'} has no assistant "
+                             "turn to generate")
         ids, targets = next(self._encode([lay])) if isinstance(lay[0], str) else lay
         return ids[: targets[0][0]], ids[targets[0][0]: targets[-1][1]]
 

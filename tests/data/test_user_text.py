@@ -212,6 +212,9 @@ def test_held_out_documents_are_spread_evenly_and_never_none():
     assert np.mean([held_out(i, 0.5) for i in range(2)]) == 0.5
 
 
+# make test-slow: make test's small run of the your_data guide (tests/test_readme_data.py) trains on a folder of
+# text files through the CLI and prepares the cache whose fingerprint the run records
+@pytest.mark.slow
 def test_a_recipe_trains_on_a_folder_of_text_files_through_the_cli(tmp_path, cli):
     folder, run_dir = _folder(tmp_path, _texts(40)), tmp_path / "run"
     env = {"FRAMEWORK_DATA_CACHE": str(tmp_path / "cache")}

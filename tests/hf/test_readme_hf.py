@@ -1,86 +1,72 @@
-"""The Hugging Face guides (docs/guides/your_model.md, kv_cache.md, grow_moe.md; the README's sections before), run in
-order against the local Hub: every command line and every Python block (in a fresh process, as a reader would). All
-in `make test-slow`: each guide exactly as printed, in fresh processes, its steps and sizes its own, checking what
-the guide says of it (each line's wall time printed: `pytest -s`); `make test` covers their lines' paths in process
-(tests/hf/: the families, the probes, the mixed cache and growth on transformers models)."""
+"""The Hugging Face guides (docs/guides/your_model.md, kv_cache.md, grow_moe.md), run in order against the guides'
+local Hub (`guide_hub`: the Hub ids they name are tiny stand-ins of those models, `support.stand_ins`): every
+command line and every Python block. `make test` runs each at a small size (`small`: the training lines at their
+recipe's smoke size and steps, every line and block in a process forked warm, `support.guides`); `make test-slow`
+runs each exactly as printed, in fresh processes, its steps and sizes its own, checking what the guide says of it
+(each line's wall time printed: `pytest -s`)."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import guide
-from support import warm_cli
+from support import guides
+from support.stand_ins import CHAT_DATA, CHAT_MODEL, MOE_MODEL, serve_chat, serve_moe
 
 pytest.importorskip("transformers")
 
 SECTION, SERVING, GROW = "your_model", "kv_cache", "grow_moe"  # docs/guides/NAME.md
-
-
-def _blocks(section: str) -> list[tuple[str, str]]:
-    body = guide(section)
-    return re.findall(r"^```(\w*)\n(.*?)^```", body, flags=re.M | re.S)
+SIZES = [pytest.param(True, id="small"), pytest.param(False, marks=[pytest.mark.slow, pytest.mark.timeout(1800)],
+                                                      id="as-printed")]
 
 
 def _smoke_steps(argv: list[str]) -> list[str]:
-    """A README training line at smoke length: its stated `trainer.max_steps` (which FRAMEWORK_SMOKE would keep, as it
-    keeps every key a command sets) left out, so smoke's steps apply; a data-selection line (`sampler=`) keeps its
+    """A guide's training line at smoke length: its stated `trainer.max_steps` (which FRAMEWORK_SMOKE would keep, as
+    it keeps every key a command sets) left out, so smoke's steps apply; a data-selection line (`sampler=`) keeps its
     own, since which epochs it prunes in is its length."""
-    assert any(a.startswith("trainer.max_steps=") for a in argv), f"a README training line states its steps: {argv}"
+    assert any(a.startswith("trainer.max_steps=") for a in argv), f"a guide's training line states its steps: {argv}"
     if any(a.startswith("sampler=") for a in argv):
         return argv
     return [a for a in argv if not a.startswith("trainer.max_steps=")]
 
 
-def _run_section(section: str, hub, tmp_path, one_folder: bool = False, as_printed: bool = False
+def _run_section(section: str, hub, tmp_path, small: bool, one_folder: bool = False
                  ) -> tuple[list[str], list[tuple[str, dict | str]]]:
-    """Every block of `section` in order: python blocks in a fresh process, `python -m MODULE` lines (a
-    `framework.train` line at its recipe's smoke size and steps, `_smoke_steps`; `as_printed`: verbatim, each in a
-    fresh `python -m` process with the shell's environment, its wall time printed), each line in a folder of its own
-    or, `one_folder`, all of a block in one (a line reads what the one before wrote). Returns the python blocks'
-    stdout and (line, its results.json or its stdout) per command line."""
-    # one HF_HOME for the module's sections, as one user's machine has: their runs share one warm server
-    hf = {"HF_ENDPOINT": hub.url, "HF_TOKEN": "dummy", "HF_HOME": str(hub.root / "hf_home")}
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "FRAMEWORK_SMOKE": "1", **hf}
-    if as_printed:  # a reader's shell: no smoke size, torch's own thread count
-        env = {**{k: v for k, v in os.environ.items() if k not in ("FRAMEWORK_SMOKE", "OMP_NUM_THREADS")}, **hf}
+    """Every block of `section` in order (`support.guides`; small: a `framework.train` line at its recipe's smoke
+    size and steps, `_smoke_steps`), each line in a folder of its own or, `one_folder`, all in one (a line reads what
+    the one before wrote). Returns the python blocks' stdout and (line, its results.json or its stdout) per command
+    line; as printed, each line's wall time is printed."""
+    env = guides.reader_env(hub, hub.home, small, **({"FRAMEWORK_SMOKE": "1"} if small else {}))
     printed, ran = [], []
-    for i, (lang, code) in enumerate(_blocks(section)):
+    for i, (lang, code) in enumerate(guides.blocks(section)):
         cwd = tmp_path / f"block{i}"
         cwd.mkdir()
         if lang == "python":
-            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=env,
-                                  timeout=300)
+            started = time.perf_counter()
+            proc = guides.run_python(code, cwd, env, small)
+            print(f"{time.perf_counter() - started:6.1f} s  python block {i}")  # noqa: T201 - each block's wall time
             assert proc.returncode == 0, f"{code}\n{proc.stderr[-3000:]}"
             printed.append(proc.stdout.strip())
             continue
         for j, line in enumerate(code.strip().splitlines()):
             argv = shlex.split(line)
-            assert argv[:2] == ["python", "-m"], line
             where = cwd if one_folder else cwd / str(j)
             where.mkdir(exist_ok=True)
-            before = set(where.glob("outputs/train/*/results.json"))
-            started = time.perf_counter()
-            if as_printed:
-                proc = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, cwd=where, env=env,
-                                      timeout=1200)
-                print(f"{time.perf_counter() - started:6.1f} s  {line}")  # noqa: T201 - the wall time asked for
-            else:
-                args = _smoke_steps(argv[3:]) if argv[2] == "framework.train" else argv[3:]
-                proc = warm_cli.run(argv[2], args, env, where, timeout=300)
+            before, started = guides.outputs(where), time.perf_counter()
+            train = argv[1:3] == ["-m", "framework.train"]
+            proc = guides.run_line([*argv[:3], *_smoke_steps(argv[3:])] if small and train else argv, where, env,
+                                   small)
+            print(f"{time.perf_counter() - started:6.1f} s  {line[:150]}")  # noqa: T201 - each line's wall time
             assert proc.returncode == 0, f"{line}\n{proc.stderr[-3000:]}"
-            if argv[2] != "framework.train":
+            if not train:
                 ran.append((line, proc.stdout))
                 continue
-            (results,) = [json.loads(p.read_text()) for p in set(where.glob("outputs/train/*/results.json")) - before]
+            results = guides.new_results(where, before)
             if "hub.repo_id=" in line:
                 repo = line.split("hub.repo_id=")[1].split()[0]
                 assert results["hub"]["repo_id"] == repo
@@ -94,21 +80,17 @@ def _steps(line: str) -> int:
     return int(re.search(r"trainer.max_steps=(\d+)", line).group(1))
 
 
-@pytest.mark.slow  # make test-slow: every line as printed (the model here, not a smoke one)
-@pytest.mark.timeout(1800)  # minutes on 2 quiet cores, more on busy ones
-def test_the_section_runs_exactly_as_printed(hub, tmp_path):
-    """Each line trains its stated steps and pushes its repo; the InfoBatch line keeps every row in epoch 0, drops
-    low-loss rows in epochs 1 to 4, anneals to full data after, and reports what it pruned; transformers' own
-    generate() decodes bytes; GICDM scores the model's features."""
+@pytest.mark.parametrize("small", SIZES)
+def test_your_own_model_guide_runs_as_printed(guide_hub, tmp_path, small):
+    """Each line trains (as printed: its stated steps, and it learned) and pushes its repo; the InfoBatch line keeps
+    every row in epoch 0, drops low-loss rows in epochs 1 to 4, anneals to full data after, and reports what it
+    pruned; transformers' own generate() decodes bytes; GICDM scores the model's features."""
     import csv
 
-    assert [lang for lang, _ in _blocks(SECTION)] == ["bash", "python", "bash", "python"]
-    printed, ran = _run_section(SECTION, hub, tmp_path, as_printed=True)
+    assert [lang for lang, _ in guides.blocks(SECTION)] == ["bash", "python", "bash", "python"]
+    printed, ran = _run_section(SECTION, guide_hub, tmp_path, small)
     for line, results in ran:
-        assert results["global_step"] == _steps(line) and results["status"] == "finished", line
-        assert results["choices"]["size"] != "smoke", line
-        for key, before in results["initial_metrics"].items():  # it learned: each validation figure went down
-            assert results["metrics"][key.removesuffix("_init")] < before, (line, key, results["metrics"])
+        assert results["status"] == "finished", line
         if "sampler=infobatch" in line:  # it runs long enough to prune, and says how much it pruned
             metrics = results["metrics"]
             assert metrics["selection/samples_seen"] > 0 and metrics["selection/pruned"] > 0, metrics
@@ -117,6 +99,11 @@ def test_the_section_runs_exactly_as_printed(hub, tmp_path):
                           if r.get("selection/epoch_fraction")}
             assert epochs[0] == 1.0 and all(epochs[e] < 1.0 for e in range(1, 5)), epochs  # E = 6: ⌊0.875·6⌋ = 5
             assert all(epochs[e] == 1.0 for e in range(5, max(epochs))), epochs  # the last one: cut by max_steps
+        if small:
+            continue
+        assert results["global_step"] == _steps(line) and results["choices"]["size"] != "smoke", line
+        for key, before in results["initial_metrics"].items():  # it learned: each validation figure went down
+            assert results["metrics"][key.removesuffix("_init")] < before, (line, key, results["metrics"])
     assert "optimizer=olion" in ran[1][0] and ran[1][1]["choices"]["optimizer"] == "olion"
     tokens = json.loads(printed[0].replace("(", "[").replace(")", "]"))
     assert len(tokens) == 8 and all(0 <= t < 256 for t in tokens)  # greedy bytes from transformers' own generate
@@ -125,64 +112,77 @@ def test_the_section_runs_exactly_as_printed(hub, tmp_path):
     assert all(0.0 <= scores[k] <= 1.0 for k in ("precision", "recall", "coverage"))
 
 
-@pytest.mark.slow  # make test-slow: every line as printed (2,000 steps of pointer chasing)
-@pytest.mark.timeout(1800)  # minutes on 2 quiet cores, more on busy ones
-def test_the_serving_section_runs_exactly_as_printed(hub, tmp_path):
-    """The Llama learns the task in its 2,000 steps and is pushed with the task's special ids (EOS 3, not Llama's 2,
-    the task's SEP); the probe's allocation travels with it; the CLI and transformers' generate() decode the same
-    tokens at s = 0.5 with the same bytes held, fewer than the full cache's."""
+@pytest.mark.parametrize("small", SIZES)
+def test_the_kv_cache_guide_runs_as_printed(guide_hub, tmp_path, small):
+    """SmolLM2-Instruct (its stand-in) is probed on Capybara's conversations as prompts and answers, the model
+    pushed unchanged with its allocation, and answers a chat question with half its KV heads compressed; the
+    pointer-chasing Llama (as printed: it learned the task in its 2,000 steps, and is pushed with the task's special
+    ids) is probed, its allocation travels with it in both layouts, and the CLI and transformers' generate() decode
+    the same tokens at s = 0.5 with the same bytes held, fewer than the full cache's."""
     from framework.data.pointer_chase import BOS, EOS, PAD
 
-    printed, ran = _run_section(SERVING, hub, tmp_path, as_printed=True)
-    (line, base), (probe_line, probe) = ran[0], ran[1]
-    assert base["global_step"] == _steps(line) == 2000 and probe["global_step"] == _steps(probe_line)
-    assert base["metrics"]["val/loss"] < 0.1 * base["initial_metrics"]["val/loss_init"], base["metrics"]  # learned
-    config = json.loads(Path(hub.api.hf_hub_download("your-name/chase-llama", "config.json")).read_text())
+    assert [lang for lang, _ in guides.blocks(SERVING)] == ["bash", "bash", "python"]
+    serve_chat(guide_hub.api)
+    printed, ran = _run_section(SERVING, guide_hub, tmp_path, small)
+    (chat_line, chat), (_, answered) = ran[0], ran[1]
+    assert f"data.source={CHAT_DATA}" in chat_line and f"model.name_or_path={CHAT_MODEL}" in chat_line
+    prompts = chat["data"]["prompts"]
+    assert prompts["train"]["rows"] > 0 and prompts["val"]["rows"] > 0, prompts
+    assert chat["choices"]["module"] == "duo_attention" and chat["global_step"] > 0
+    repo = chat["hub"]["repo_id"]
+    assert {"head_allocation.json", "attn_pattern/full_attention_heads.tsv", "tokenizer.json"} <= set(
+        guide_hub.api.list_repo_files(repo))
+    _same_weights(guide_hub, CHAT_MODEL, repo)  # only the gates trained: the model pushed as it was
+    held, full = _held_and_full(answered)
+    assert held < full and json.loads(re.search(r"tokens: (\[.*\])", answered).group(1))
+    (line, base), (probe_line, probe) = ran[2], ran[3]
+    if not small:
+        assert base["global_step"] == _steps(line) == 2000 and probe["global_step"] == _steps(probe_line)
+        assert base["metrics"]["val/loss"] < 0.1 * base["initial_metrics"]["val/loss_init"], base["metrics"]
+    config = json.loads(Path(guide_hub.api.hf_hub_download("your-name/chase-llama", "config.json")).read_text())
     assert (config["pad_token_id"], config["bos_token_id"], config["eos_token_id"]) == (PAD, BOS, EOS), config
-    _check_serving(hub, printed, ran)
-
-
-# make test-slow (~22 s): make test checks the allocation files and the mixed cache in tests/probes/test_allocation.py,
-# test_pattern_files.py and the generate CLI in tests/test_generate.py
-@pytest.mark.slow
-def test_the_serving_section_runs_as_printed(hub, tmp_path):
-    """The probe's allocation travels with the model, in both layouts; the CLI and transformers' generate() decode
-    with it, and hold fewer bytes than the full cache."""
-    assert [lang for lang, _ in _blocks(SERVING)] == ["bash", "python"]
-    printed, ran = _run_section(SERVING, hub, tmp_path)
-    _check_serving(hub, printed, ran)
-
-
-def _check_serving(hub, printed: list[str], ran: list) -> None:
-    files = set(hub.api.list_repo_files("your-name/chase-llama-rlkv"))
+    files = set(guide_hub.api.list_repo_files("your-name/chase-llama-rlkv"))
     assert {"head_allocation.json", "attn_pattern/full_attention_heads.tsv", "attn_pattern/config.json"} <= files
-    line, out = ran[-1]
-    held, full = re.search(r"kv cache: ([\d,]+) bytes held for \d+ positions, the full cache ([\d,]+)", out).groups()
-    assert int(held.replace(",", "")) < int(full.replace(",", ""))
-    cli_tokens = json.loads(re.search(r"tokens: (\[.*\])", out).group(1))
+    held, full = _held_and_full(ran[4][1])
+    assert held < full
+    cli_tokens = json.loads(re.search(r"tokens: (\[.*\])", ran[4][1]).group(1))
     tokens, nbytes = printed[0].rsplit(" ", 1)
-    assert json.loads(tokens) == cli_tokens and int(nbytes) == int(held.replace(",", ""))
+    assert json.loads(tokens) == cli_tokens and int(nbytes) == held
 
 
-@pytest.mark.slow  # make test-slow: every line as printed
-@pytest.mark.timeout(1800)  # minutes on 2 quiet cores, more on busy ones
-def test_the_grow_your_own_moe_section_runs_exactly_as_printed(hub, tmp_path):
-    """An OLMoE trained its stated steps, pushed by name, grown by name and pushed in transformers' layout;
+def _held_and_full(out: str) -> tuple[int, int]:
+    """The KV bytes `kv_generate` printed as held and as the full cache's."""
+    found = re.search(r"kv cache: ([\d,]+) bytes held for \d+ positions, the full cache ([\d,]+)", out)
+    assert found, out
+    held, full = found.groups()
+    return int(held.replace(",", "")), int(full.replace(",", ""))
+
+
+def _same_weights(hub, a: str, b: str) -> None:
+    from safetensors.torch import load_file
+
+    one, two = (load_file(hub.api.hf_hub_download(repo, "model.safetensors")) for repo in (a, b))
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+
+
+@pytest.mark.parametrize("small", SIZES)
+def test_the_grow_your_own_moe_guide_runs_as_printed(guide_hub, tmp_path, small):
+    """Granite's MoE (its stand-in) grown by name and pushed in transformers' layout, with its growth record;
     transformers opens it with twice the layers, experts and experts per token, and (`--zero-init`) the grown model
-    computes the trained one's logits, up to the expert copies' noise; the growth record travels with it."""
-    from transformers import AutoModelForCausalLM
+    computes the source's logits up to the expert copies' noise: the block prints so."""
+    from transformers import AutoConfig
 
-    assert [lang for lang, _ in _blocks(GROW)] == ["bash", "python"]
-    printed, ran = _run_section(GROW, hub, tmp_path, one_folder=True, as_printed=True)
-    assert ran[0][1]["global_step"] == _steps(ran[0][0])
-    assert printed == ["4 8 2"]
-    files = set(hub.api.list_repo_files("your-name/tiny-olmoe-grown"))
-    assert {"config.json", "model.safetensors", "framework.json", "growth.json"} <= files, files
-    assert "written to grown-olmoe" in ran[1][1]  # the grow line, as printed
-    ids = torch.tensor([list(b"def main():\n    return 0")])
-    with torch.no_grad():
-        trained, grown = (AutoModelForCausalLM.from_pretrained(f"your-name/{name}").eval()(ids).logits
-                          for name in ("tiny-olmoe", "tiny-olmoe-grown"))
-    # the same function up to the expert copies' noise (α = 0.01 by default: 0.0018 of the logits' scale measured;
-    # `--alpha 0`: 4e-7 of it, measured)
-    assert torch.allclose(grown, trained, atol=1e-2 * float(trained.abs().max())), (grown - trained).abs().max()
+    assert [lang for lang, _ in guides.blocks(GROW)] == ["bash", "python"]
+    serve_moe(guide_hub.api)
+    printed, ran = _run_section(GROW, guide_hub, tmp_path, small, one_folder=True)
+    files = set(guide_hub.api.list_repo_files("your-name/granite-grown"))
+    assert {"config.json", "model.safetensors", "framework.json", "growth.json", "tokenizer.json"} <= files, files
+    assert "written to granite-grown" in ran[0][1]  # the grow line, as printed
+    source = AutoConfig.from_pretrained(MOE_MODEL)
+    layers, experts, per_token = (int(n) for n in printed[0].splitlines()[0].split())
+    assert (layers, experts, per_token) == (2 * source.num_hidden_layers, 2 * source.num_local_experts,
+                                            2 * source.num_experts_per_tok)
+    change = float(re.search(r"largest logit change: (\S+) of the largest logit", printed[0]).group(1))
+    # the same function up to the expert copies' noise (α = 0.01 by default)
+    assert 0 < change < 1e-2, printed[0]
+    assert printed[0].splitlines()[-1] == "same greedy tokens: True", printed[0]

@@ -208,6 +208,9 @@ def test_a_model_outside_the_attention_interface_and_a_wrong_pattern_shape_are_r
         model(torch.zeros(1, 4, dtype=torch.long), gates=torch.ones(2, 4), window=WINDOW)
 
 
+# make test-slow: make test's small run of the kv_cache guide (tests/hf/test_readme_hf.py) probes a model by name
+# with module=duo_attention and checks its weights were pushed as loaded, with the allocation in both layouts
+@pytest.mark.slow
 def test_duoattentions_probe_runs_on_an_hf_model_by_name_and_keeps_its_weights(tmp_path):
     """`recipe=rlkv_probe module=duo_attention` on a Llama folder (the pointer-chase task in its tokenizer's tokens;
     its final hidden states distilled): the loaded weights are probed as they are, never pretrained, and the

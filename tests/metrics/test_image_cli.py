@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import weakref
 from pathlib import Path
 
@@ -15,7 +13,6 @@ import numpy as np
 import pytest
 import timm
 import torch
-from helpers import REPO
 from huggingface_hub import constants
 from PIL import Image
 
@@ -74,19 +71,16 @@ def folders(tmp_path_factory):
     return real, gen
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "framework.metrics", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
-
-
-def test_two_folders_are_scored_in_a_fresh_process_with_roles_revision_and_raw_and_corrected_figures(
-        pushed, folders, tmp_path):
+def test_two_folders_are_scored_with_roles_revision_and_raw_and_corrected_figures(pushed, folders, tmp_path, capsys):
+    """The command's `main` in this process (a fresh `python -m framework.metrics` on two folders: the your_images
+    guide's test, small in make test, as printed in make test-slow)."""
     real, gen = folders
     cache, figure = tmp_path / "cache", tmp_path / "fig.png"
-    proc = _run(str(real), str(gen), "--feature", TINY, "--cache-dir", str(cache), "--plot", str(figure),
-                "--workers", "1", "--correction", "icdm")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+    code = main([str(real), str(gen), "--feature", TINY, "--cache-dir", str(cache), "--plot", str(figure),
+                 "--workers", "1", "--correction", "icdm"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    out = json.loads(captured.out)
     assert out["roles"]["real"] == str(real) and out["roles"]["generated"] == str(gen)
     assert out["feature"]["name"] == TINY and out["feature"]["revision"] == pushed
     assert out["real"]["files"] == 40 and out["real"]["skipped"] == 0 and out["n_real"] == 40

@@ -180,6 +180,29 @@ def test_completions_that_end_with_another_token_than_the_eos_are_refused_naming
          tmp_path, steps=1)
 
 
+def test_a_conversation_is_probed_on_its_last_assistant_turn_cut_from_its_one_render(tmp_path):
+    """A `messages` row (TRL's shape, as most chat datasets are) gives the probes the conversation before its last
+    assistant turn as the prompt, ending in the template's generation prompt: transformers' own render of those
+    messages with `add_generation_prompt=True`; and that turn through its end of turn as the completion."""
+    from support.tiny_chat import CHATML, CONVERSATION, tiny_tokenizer
+
+    from framework.data.user_chat import ChatData
+
+    tok = tiny_tokenizer(CHATML, eos="<|im_end|>")
+    rows = [{"messages": CONVERSATION if i % 2 else CONVERSATION[:3]} for i in range(40)]
+    data = ChatData(str(write_jsonl(tmp_path / "chats.jsonl", rows)), seq_len=128, batch_size=4,
+                    cache_dir=str(tmp_path))
+    data.use_tokenizer(tok)
+    data.use_prompts()
+    data.setup()
+    assert data.prompt_counts["train"]["rows"] == 38 and data.prompt_counts["end_ids"] == [tok.eos_token_id]
+    for i, (prompt, completion) in enumerate(data.prompt_completions(limit=2)):  # one exchange, then two
+        messages = rows[i]["messages"]
+        expected = tok.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False)
+        assert prompt.tolist() == tok(expected, add_special_tokens=False)["input_ids"]
+        assert tok.decode(completion) == messages[-1]["content"] + "<|im_end|>"
+
+
 @pytest.mark.slow
 def test_rlkv_on_a_model_fine_tuned_on_the_chat_file_matches_held_out_completions(cli, tmp_path):
     """The whole path a user takes (slow, ~20 s): fine-tune a tiny Llama on the prompt/completion file with OLion,

@@ -1,5 +1,7 @@
 """Tiny stand-ins served by the local Hub under the ids users really have, so a command is tested as printed:
-`recipe=sft`'s defaults (HuggingFaceTB/SmolLM2-135M-Instruct, trl-lib/Capybara) and the README's lines."""
+`recipe=sft`'s defaults (HuggingFaceTB/SmolLM2-135M-Instruct, trl-lib/Capybara), the MoE the growth guide grows
+(ibm-granite/granite-3.1-1b-a400m-base) and the guides' lines. Each has its model's family, template and special
+tokens, at a few thousand parameters."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from support.tiny_chat import CHATML, CONVERSATION, tiny_chat_model, tiny_tokeni
 
 CHAT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # SmolLM2's chat template is ChatML
 CHAT_DATA = "trl-lib/Capybara"  # TRL's SFT example data: a `messages` column, train and test splits
+MOE_MODEL = "ibm-granite/granite-3.1-1b-a400m-base"  # a small base MoE (GraniteMoE: 32 experts, 8 per token)
 
 
 def chat_rows(n: int, offset: int = 0) -> list[dict]:
@@ -21,12 +24,15 @@ def chat_rows(n: int, offset: int = 0) -> list[dict]:
     return rows
 
 
-def serve_chat(api, max_positions: int = 128) -> dict[str, str]:
-    """Push the chat model and the chat dataset stand-ins (idempotent); returns their commit shas by id."""
+def serve_chat(api, max_positions: int = 8192) -> dict[str, str]:
+    """Push the chat model and the chat dataset stand-ins (idempotent); returns their commit shas by id. The model
+    is a Llama as SmolLM2 is (2 layers, 2 KV heads of 2 query heads each: a mixed KV cache has heads to compress),
+    with SmolLM2's ChatML template and end of turn and its 8,192 positions."""
     commits = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        tiny_chat_model(folder / "model", tiny_tokenizer(CHATML, eos="<|im_end|>"), max_positions=max_positions)
+        tiny_chat_model(folder / "model", tiny_tokenizer(CHATML, eos="<|im_end|>"), max_positions=max_positions,
+                        layers=2, kv_heads=2)
         api.create_repo(CHAT_MODEL, exist_ok=True)
         commits[CHAT_MODEL] = api.upload_folder(repo_id=CHAT_MODEL, folder_path=str(folder / "model")).oid
         data = folder / "data" / "data"
@@ -37,3 +43,23 @@ def serve_chat(api, max_positions: int = 128) -> dict[str, str]:
         commits[CHAT_DATA] = api.upload_folder(repo_id=CHAT_DATA, repo_type="dataset",
                                                folder_path=str(folder / "data")).oid
     return commits
+
+
+def serve_moe(api) -> str:
+    """Push the base MoE stand-in: a GraniteMoE (2 layers, 4 experts, 2 per token, Granite's scaled residuals and
+    logits) with a base model's tokenizer (no chat template); returns its commit sha."""
+    import torch
+    from transformers import GraniteMoeConfig, GraniteMoeForCausalLM
+
+    tok = tiny_tokenizer(None, eos="<|end_of_text|>", specials=[])
+    config = GraniteMoeConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                              max_position_embeddings=4096, embedding_multiplier=12.0, logits_scaling=6.0,
+                              residual_multiplier=0.22, attention_multiplier=0.015625, tie_word_embeddings=True,
+                              eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=None)
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        GraniteMoeForCausalLM(config).save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        api.create_repo(MOE_MODEL, exist_ok=True)
+        return api.upload_folder(repo_id=MOE_MODEL, folder_path=tmp).oid

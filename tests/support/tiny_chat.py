@@ -99,12 +99,14 @@ def tiny_llama(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def tiny_chat_model(folder: Path, tok, max_positions: int = 256) -> Path:
-    """A fresh 1-layer Llama over `tok`'s vocabulary, saved with `tok` into `folder` (a chat model by folder)."""
+def tiny_chat_model(folder: Path, tok, max_positions: int = 256, layers: int = 1, kv_heads: int = 1) -> Path:
+    """A fresh Llama (`layers` layers, hidden 16, 2 query heads per KV head) over `tok`'s vocabulary, saved with `tok`
+    into `folder` (a chat model by folder)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_positions,
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
+                         num_attention_heads=2 * kv_heads, num_key_value_heads=kv_heads,
+                         max_position_embeddings=max_positions,
                          eos_token_id=tok.eos_token_id, bos_token_id=None, pad_token_id=None)
     LlamaForCausalLM(config).save_pretrained(folder)
     tok.save_pretrained(folder)

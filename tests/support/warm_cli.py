@@ -77,7 +77,12 @@ def child(req):
     sys.argv = [req["module"], *req["args"]]
     code = 0
     try:
-        runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+        if req["module"] == "-c":  # `python -c CODE ARGS`: argv is ['-c', ARGS...], the code runs as __main__
+            sys.argv = ["-c", *req["args"][1:]]
+            sys.modules["__main__"] = main = type(sys)("__main__")
+            exec(compile(req["args"][0], "<string>", "exec"), main.__dict__)
+        else:
+            runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
     except SystemExit as e:
         if e.code is None:
             code = 0
@@ -233,13 +238,15 @@ class WarmCLI:
                 raise RuntimeError(f"the warm server for {self.module} did not start: "
                                    f"{(self._dir / 'import.err').read_text()[-3000:]}")
 
-    def popen(self, args: list[str], env: dict[str, str], cwd: Path, text: bool = True) -> WarmProcess:
+    def popen(self, args: list[str], env: dict[str, str], cwd: Path, text: bool = True, module: str | None = None
+              ) -> WarmProcess:
+        """A child running `module` (default: the server's; `-c`: ARGS[0] is the code) with `args`."""
         self._wait_ready()
         with self._changed:
             rid, self._next = self._next, self._next + 1
             out, err = self._dir / f"{rid}.out", self._dir / f"{rid}.err"
             proc = self._running[rid] = WarmProcess(list(args), out, err, self._prefix, text)
-            req = {"id": rid, "module": self.module, "args": list(args), "env": env, "cwd": str(cwd),
+            req = {"id": rid, "module": module or self.module, "args": list(args), "env": env, "cwd": str(cwd),
                    "stdout": str(out), "stderr": str(err)}
             self._proc.stdin.write((json.dumps(req) + "\n").encode())
             self._proc.stdin.flush()
@@ -294,20 +301,24 @@ def _server(module: str, env: dict[str, str], cwd: Path) -> WarmCLI | None:
     return None
 
 
-def popen(module: str, args: list[str], env: dict[str, str], cwd: Path, text: bool = True):
-    """`python -m MODULE ARGS` with `env` in `cwd`, stdout and stderr captured: warm where it can, else fresh."""
-    if module in WARM_MODULES and os.environ.get("FRAMEWORK_TEST_FRESH_CLI") != "1":
-        server = _server(module, env, cwd)
+def popen(module: str, args: list[str], env: dict[str, str], cwd: Path, text: bool = True, via: str | None = None):
+    """`python -m MODULE ARGS` (`-c`: `python -c ARGS[0] ARGS[1:]`) with `env` in `cwd`, stdout and stderr captured:
+    warm where it can, else fresh. `via`: a warm module whose server runs this one (a `framework.*` CLI or a snippet
+    forked from the train CLI's imports, a superset of most of theirs; for the guides' small runs in make test, whose
+    fresh-process runs are in make test-slow)."""
+    server_module = via or module
+    if server_module in WARM_MODULES and os.environ.get("FRAMEWORK_TEST_FRESH_CLI") != "1":
+        server = _server(server_module, env, cwd)
         if server is not None:
-            return server.popen(args, env, cwd, text)
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=env, text=text,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            return server.popen(args, env, cwd, text, module=module)
+    command = [sys.executable, "-c", *args] if module == "-c" else [sys.executable, "-m", module, *args]
+    return subprocess.Popen(command, cwd=cwd, env=env, text=text, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def run(module: str, args: list[str], env: dict[str, str], cwd: Path, timeout: float | None = None
-        ) -> subprocess.CompletedProcess:
+def run(module: str, args: list[str], env: dict[str, str], cwd: Path, timeout: float | None = None,
+        via: str | None = None) -> subprocess.CompletedProcess:
     """`subprocess.run(..., capture_output=True, text=True)` of `python -m MODULE ARGS`, through `popen`."""
-    proc = popen(module, args, env, cwd)
+    proc = popen(module, args, env, cwd, via=via)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
