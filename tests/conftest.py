@@ -59,11 +59,12 @@ def _guide_server(tmp_path_factory):
         server.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def guide_hub(_guide_server):
     """The Hub of the guides' reader: one LocalHub for the session (every guide test of it pushes and pulls there,
     as one reader does, and one warm CLI server serves their small runs), the in-process client pointed at it for
-    the module; `.home` is the reader's HF_HOME. Otherwise as `hub`."""
+    the test (not the module: the module's other tests keep the environment the warm CLI server was started in);
+    `.home` is the reader's HF_HOME. Otherwise as `hub`."""
     server, root = _guide_server
     with patch_client(server.url, root / "cache", token="dummy"):
         yield SimpleNamespace(server=server, url=server.url, api=HfApi(endpoint=server.url), root=root,

@@ -286,26 +286,6 @@ def test_every_job_of_a_sweep_is_checked_before_hydra_starts(tmp_path, capsys):
     assert line.startswith(f"error: hydra.sweep.dir={tmp_path / 'file' / 'sweep'} cannot be created")
 
 
-def test_every_recipe_passes_the_preflight_at_its_default_and_smoke_size(tmp_path, hub):
-    from support.stand_ins import serve_chat
-
-    serve_chat(hub.api)  # recipe=sft's default model and data are Hub ids: their stand-ins
-    for name in KINDS["recipe"].names():
-        for extra in ([], SMOKE.get(name, [])):
-            preflight([f"recipe={name}", *extra, f"hydra.run.dir={tmp_path / name}"])
-    assert not any(tmp_path.iterdir())
-
-
-def test_init_from_a_repo_the_hub_lacks_is_refused_at_once(hub, tmp_path, capsys):
-    start = time.perf_counter()
-    line = _refused(["recipe=char_lm", "init_from=local-user/no-such-model", f"hydra.run.dir={tmp_path}/run"], capsys)
-    assert time.perf_counter() - start < 10  # one request, no retries
-    assert line == (f"error: init_from=local-user/no-such-model: no such local run dir or .ckpt file, and the Hub at "
-                    f"{hub.url} has no model repo 'local-user/no-such-model' (push one with hub.repo_id=... or "
-                    "`python -m framework.hub push`)")
-    assert not (tmp_path / "run").exists()
-
-
 # -- through the real CLI: nothing is lost, one error line, exit code 2 --------------------------------------
 def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return run_cli(*args, timeout=timeout)
@@ -437,3 +417,25 @@ def test_the_override_check_reads_the_words_hydra_reads_as_overrides(argv, overr
     from framework.cli import overrides_of
 
     assert overrides_of(argv) == overrides
+
+
+# -- the tests on the module's local Hub last: its fixture points this process's environment at that Hub for the
+# rest of the module, and a CLI run started in another environment needs a warm server of its own
+def test_every_recipe_passes_the_preflight_at_its_default_and_smoke_size(tmp_path, hub):
+    from support.stand_ins import serve_chat
+
+    serve_chat(hub.api)  # recipe=sft's default model and data are Hub ids: their stand-ins
+    for name in KINDS["recipe"].names():
+        for extra in ([], SMOKE.get(name, [])):
+            preflight([f"recipe={name}", *extra, f"hydra.run.dir={tmp_path / name}"])
+    assert not any(tmp_path.iterdir())
+
+
+def test_init_from_a_repo_the_hub_lacks_is_refused_at_once(hub, tmp_path, capsys):
+    start = time.perf_counter()
+    line = _refused(["recipe=char_lm", "init_from=local-user/no-such-model", f"hydra.run.dir={tmp_path}/run"], capsys)
+    assert time.perf_counter() - start < 10  # one request, no retries
+    assert line == (f"error: init_from=local-user/no-such-model: no such local run dir or .ckpt file, and the Hub at "
+                    f"{hub.url} has no model repo 'local-user/no-such-model' (push one with hub.repo_id=... or "
+                    "`python -m framework.hub push`)")
+    assert not (tmp_path / "run").exists()

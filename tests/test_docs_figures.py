@@ -49,6 +49,7 @@ ALLOWED = [
     r"lossless at >50% saving", r"≥ 1× Chinchilla",  # the papers' claims, quoted as claims
     r"0\.1·lr",  # a schedule setting
     r"0\.02(?=²|/√| scale)",  # GPT-2's initialisation standard deviation (a setting)
+    r"(?i:granite[ -]3\.1)",  # a model's name (IBM's Granite 3.1), not a figure
 ]
 
 

@@ -40,30 +40,6 @@ def test_the_module_states_classes_and_shape_and_holds_out_every_tenth_image(dig
     assert ImageData(str(digits), batch_size=8, val_fraction=0.1).fingerprint == data.fingerprint
 
 
-def test_a_hub_image_dataset_by_name_validates_on_its_own_test_split(tmp_path, hub):
-    from datasets import ClassLabel, Dataset, Features
-    from datasets import Image as ImageFeature
-
-    repo = "me/digit-images"
-    hub.api.create_repo(repo, repo_type="dataset")
-    up = tmp_path / "up" / "data"
-    up.mkdir(parents=True)
-    features = Features({"image": ImageFeature(), "label": ClassLabel(names=["zero", "one", "two"])})
-    tree = digits_pngs(tmp_path / "pngs", n=30)
-    for split, part in (("train", slice(0, 24)), ("test", slice(24, 30))):
-        files = sorted(tree.rglob("*.png"))[part]
-        rows = {"image": [str(f) for f in files], "label": [int(f.parent.name) for f in files]}
-        Dataset.from_dict(rows, features=features).to_parquet(up / f"{split}-00000-of-00001.parquet")
-    sha = hub.api.upload_folder(folder_path=up.parent, repo_id=repo, repo_type="dataset").oid
-    data = ImageData(repo, batch_size=8, cache_dir=str(tmp_path / "c"))
-    assert data.val_split == "test" and data.classes == ["zero", "one", "two"]
-    assert (len(data.train_rows), len(data.val_rows)) == (24, 6)
-    data.setup()
-    record = data.record()
-    assert record["dataset"] == repo and record["sha"] == sha and record["revision"] == "main"
-    assert data.val_set[0]["x"].shape == (1, 32, 32) and data.val_set[0]["y"] == data.val_source.label(0)
-
-
 def test_the_models_data_config_sets_size_interpolation_and_normalisation(digits):
     data = ImageData(str(digits), batch_size=8, train_transform="none")
     data.use_data_config({"input_size": (3, 24, 24), "interpolation": "bicubic", "mean": (0.5, 0.5, 0.5),
@@ -353,6 +329,32 @@ def test_the_channels_come_from_the_data_and_a_class_that_loses_every_file_is_na
     with caplog.at_level("WARNING"):
         data = ImageData(str(mixed), batch_size=8, image_size=16)
     assert data.classes == ["0", "1", "2"] and "class junk lost every file" in caplog.text
+
+
+# -- the tests on the module's local Hub last: its fixture points this process's environment at that Hub for the
+# rest of the module, and a CLI run started in another environment needs a warm server of its own
+def test_a_hub_image_dataset_by_name_validates_on_its_own_test_split(tmp_path, hub):
+    from datasets import ClassLabel, Dataset, Features
+    from datasets import Image as ImageFeature
+
+    repo = "me/digit-images"
+    hub.api.create_repo(repo, repo_type="dataset")
+    up = tmp_path / "up" / "data"
+    up.mkdir(parents=True)
+    features = Features({"image": ImageFeature(), "label": ClassLabel(names=["zero", "one", "two"])})
+    tree = digits_pngs(tmp_path / "pngs", n=30)
+    for split, part in (("train", slice(0, 24)), ("test", slice(24, 30))):
+        files = sorted(tree.rglob("*.png"))[part]
+        rows = {"image": [str(f) for f in files], "label": [int(f.parent.name) for f in files]}
+        Dataset.from_dict(rows, features=features).to_parquet(up / f"{split}-00000-of-00001.parquet")
+    sha = hub.api.upload_folder(folder_path=up.parent, repo_id=repo, repo_type="dataset").oid
+    data = ImageData(repo, batch_size=8, cache_dir=str(tmp_path / "c"))
+    assert data.val_split == "test" and data.classes == ["zero", "one", "two"]
+    assert (len(data.train_rows), len(data.val_rows)) == (24, 6)
+    data.setup()
+    record = data.record()
+    assert record["dataset"] == repo and record["sha"] == sha and record["revision"] == "main"
+    assert data.val_set[0]["x"].shape == (1, 32, 32) and data.val_set[0]["y"] == data.val_source.label(0)
 
 
 def test_pretrained_weights_that_cannot_be_had_are_refused_naming_the_repo_and_the_hub(hub):

@@ -26,7 +26,7 @@ IDS = [[5, 17, 40, 3, 99, 12, 7, 64, 21, 2]]
 @pytest.fixture(scope="module")
 def served(hub, tmp_path_factory):
     """recipe=sft's default model and data as tiny stand-ins on the local Hub, and the env a CLI needs to reach them."""
-    commits = serve_chat(hub.api)
+    commits = serve_chat(hub.api, max_positions=128)  # a context recipe=sft's seq_len takes (its log says so)
     env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": "dummy", "HF_HOME": str(tmp_path_factory.mktemp("hf_home"))}
     return {"env": env, "commit": commits[BASE]}
 
