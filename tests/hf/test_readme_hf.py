@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from support import guides
-from support.stand_ins import CHAT_DATA, CHAT_MODEL, MOE_MODEL, serve_chat, serve_moe
+from support.stand_ins import BASE_MODEL, CHAT_DATA, CHAT_MODEL, MOE_MODEL, serve_base, serve_chat, serve_moe
 
 pytest.importorskip("transformers")
 
@@ -88,12 +88,14 @@ def _steps(line: str) -> int:
 
 @pytest.mark.parametrize("small", SIZES)
 def test_your_own_model_guide_runs_as_printed(guide_hub, tmp_path, small):
-    """Each line trains (as printed: its stated steps, and it learned) and pushes its repo; the InfoBatch line keeps
+    """Each line trains (as printed: its stated steps, and it learned) and pushes its repo (SmolLM2-135M's stand-in by
+    its id, with its tokenizer); the InfoBatch line keeps
     every row in epoch 0, drops low-loss rows in epochs 1 to 4, anneals to full data after, and reports what it
     pruned; transformers' own generate() decodes bytes; GICDM scores the model's features."""
     import csv
 
-    assert [lang for lang, _ in guides.blocks(SECTION)] == ["bash", "python", "bash", "python"]
+    assert [lang for lang, _ in guides.blocks(SECTION)] == ["bash", "bash", "python", "bash", "python"]
+    serve_base(guide_hub.api)
     printed, ran = _run_section(SECTION, guide_hub, tmp_path, small)
     for line, results in ran:
         assert results["status"] == "finished", line
@@ -110,7 +112,10 @@ def test_your_own_model_guide_runs_as_printed(guide_hub, tmp_path, small):
         assert results["global_step"] == _steps(line) and results["choices"]["size"] != "smoke", line
         for key, before in results["initial_metrics"].items():  # it learned: each validation figure went down
             assert results["metrics"][key.removesuffix("_init")] < before, (line, key, results["metrics"])
-    assert "optimizer=olion" in ran[1][0] and ran[1][1]["choices"]["optimizer"] == "olion"
+    (line, smollm2), (olion_line, olion) = ran[0], ran[2]
+    assert f"model.name_or_path={BASE_MODEL}" in line and smollm2["choices"]["optimizer"] == "olion"
+    assert "tokenizer.json" in guide_hub.api.list_repo_files("your-name/smollm2-olion")  # its tokenizer travels
+    assert "optimizer=olion" in olion_line and olion["choices"]["optimizer"] == "olion"
     tokens = json.loads(printed[0].replace("(", "[").replace(")", "]"))
     assert len(tokens) == 8 and all(0 <= t < 256 for t in tokens)  # greedy bytes from transformers' own generate
     scores = eval(printed[1], {})  # noqa: S307 - the block's own printed dict of floats

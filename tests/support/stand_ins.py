@@ -1,5 +1,6 @@
 """Tiny stand-ins served by the local Hub under the ids users really have, so a command is tested as printed:
-`recipe=sft`'s defaults (HuggingFaceTB/SmolLM2-135M-Instruct, trl-lib/Capybara), the MoE the growth guide grows
+`recipe=sft`'s defaults (HuggingFaceTB/SmolLM2-135M-Instruct, trl-lib/Capybara), the base model the your-model
+guide trains (HuggingFaceTB/SmolLM2-135M), the MoE the growth guide grows
 (ibm-granite/granite-3.1-1b-a400m-base) and the guides' lines. Each has its model's family, template and special
 tokens, at a few thousand parameters."""
 
@@ -12,6 +13,7 @@ from support.tiny_chat import CHATML, CONVERSATION, tiny_chat_model, tiny_tokeni
 
 CHAT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # SmolLM2's chat template is ChatML
 CHAT_DATA = "trl-lib/Capybara"  # TRL's SFT example data: a `messages` column, train and test splits
+BASE_MODEL = "HuggingFaceTB/SmolLM2-135M"  # a small base model (a Llama; no chat template)
 MOE_MODEL = "ibm-granite/granite-3.1-1b-a400m-base"  # a small base MoE (GraniteMoE: 32 experts, 8 per token)
 
 
@@ -63,3 +65,13 @@ def serve_moe(api) -> str:
         tok.save_pretrained(tmp)
         api.create_repo(MOE_MODEL, exist_ok=True)
         return api.upload_folder(repo_id=MOE_MODEL, folder_path=tmp).oid
+
+
+def serve_base(api) -> str:
+    """Push the base model stand-in: a Llama as SmolLM2-135M is (2 layers, 2 KV heads), with a base model's
+    tokenizer (SmolLM2's `<|endoftext|>` as BOS and EOS, no chat template); returns its commit sha."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tiny_chat_model(Path(tmp), tiny_tokenizer(None, bos="<|endoftext|>", eos="<|endoftext|>", specials=[]),
+                        max_positions=8192, layers=2, kv_heads=2)
+        api.create_repo(BASE_MODEL, exist_ok=True)
+        return api.upload_folder(repo_id=BASE_MODEL, folder_path=tmp).oid
