@@ -29,14 +29,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -m "not slow" -q -n 2 --dist worksteal --durations=15
 
-# make test-slow also runs the README's W&B line: the `wandb` extra, installed beside dev the first time
-SLOW_STAMP := $(VENV)/.installed-slow
-
-$(SLOW_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,wandb]'
-	@touch $(SLOW_STAMP)
-
-test-slow: $(SLOW_STAMP)
+test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -q --durations=15
 
 KVPRESS_VENV ?= .venv-kvpress

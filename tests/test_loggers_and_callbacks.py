@@ -48,8 +48,7 @@ def run_dir(cwd: Path) -> Path:
     return found
 
 
-# make test: every line but W&B's, forked warm (`support.guides`); make test-slow: all four in fresh processes, W&B's
-# with the `wandb` extra that make test-slow installs (make test's install leaves it out: about 20 s and 90 MB)
+# make test: the four lines forked warm (`support.guides`); make test-slow: the four in fresh processes
 @pytest.mark.parametrize("small", [pytest.param(True, id="small"),
                                    pytest.param(False, marks=pytest.mark.slow, id="fresh")])
 def test_every_command_of_your_own_loggers_and_callbacks_runs_as_printed(tmp_path, guide_hub, small):
@@ -63,25 +62,25 @@ def test_every_command_of_your_own_loggers_and_callbacks_runs_as_printed(tmp_pat
     env = hub_env(hub.url, tmp_path / "cache")
     if small:
         full = guides.reader_env(hub, hub.home, small, FRAMEWORK_SMOKE="1")
-        done = {i: guides.run_line(cmds[i], dirs[i], full, small=True, timeout=600) for i in (0, 2, 3)}
+        done = {i: guides.run_line(cmd, dirs[i], full, small=True, timeout=600) for i, cmd in enumerate(cmds)}
     else:
         with ThreadPoolExecutor(max_workers=2) as pool:
             done = dict(enumerate(pool.map(lambda i: run(cmds[i], dirs[i], env), range(len(cmds)))))
-    for i, proc in done.items():
+    for i, proc in sorted(done.items()):
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, f"{shlex.join(cmds[i])}\n{proc.stderr[-3000:]}"
-    runs = {i: run_dir(dirs[i]) for i in done}
-    results = [json.loads((r / "results.json").read_text()) for r in runs.values()]
+    runs = [run_dir(d) for d in dirs]
+    results = [json.loads((r / "results.json").read_text()) for r in runs]
     assert all(r["status"] == "finished" and "val/loss" in r["metrics"] for r in results)  # whatever the loggers
-    assert all((r / "checkpoints" / "last.ckpt").is_file() for r in runs.values())  # our checkpoint callback stays
+    assert all((r / "checkpoints" / "last.ckpt").is_file() for r in runs)  # our checkpoint callback stays
 
     # trainer.logger=false: no logger at all, yet results.json has the metrics
     assert not (runs[0] / "csv").exists() and not (runs[0] / "tb").exists()
-    if not small:  # W&B offline, given as +trainer.logger._target_=...: the same validation numbers as our CSV
-        ours = [float(r["val/loss"]) for r in rows(runs[1] / "csv" / "metrics.csv") if r["val/loss"]]
-        (wandb_run,) = (dirs[1] / "wandb").glob("offline-run-*")
-        theirs = [row["val/loss"] for row in wandb_offline.history(wandb_run) if "val/loss" in row]
-        assert theirs == pytest.approx(ours, rel=1e-12) and len(ours) >= 2
-        assert wandb_offline.config(wandb_run)["choices"]["recipe"] == "char_lm"
+    # W&B offline, given as +trainer.logger._target_=...: the same validation numbers as our CSV, and the config
+    ours = [float(r["val/loss"]) for r in rows(runs[1] / "csv" / "metrics.csv") if r["val/loss"]]
+    (wandb_run,) = (dirs[1] / "wandb").glob("offline-run-*")
+    theirs = [row["val/loss"] for row in wandb_offline.history(wandb_run) if "val/loss" in row]
+    assert theirs == pytest.approx(ours, rel=1e-12) and len(ours) >= 2
+    assert wandb_offline.config(wandb_run)["choices"]["recipe"] == "char_lm"
     # a CSVLogger and a ModelCheckpoint of the user's, as lists: their metrics.csv is ours, row for row
     (mine,) = (dirs[2] / "my_logs").glob("*/version_*/metrics.csv")
     assert rows(mine) == rows(runs[2] / "csv" / "metrics.csv") and len(rows(mine)) >= 2
