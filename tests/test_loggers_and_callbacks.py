@@ -49,7 +49,7 @@ def run_dir(cwd: Path) -> Path:
 
 
 # make test: the four lines forked warm (`support.guides`); make test-slow: the four in fresh processes
-@pytest.mark.parametrize("small", [pytest.param(True, id="small"),
+@pytest.mark.parametrize("small", [pytest.param(True, marks=pytest.mark.long, id="small"),
                                    pytest.param(False, marks=pytest.mark.slow, id="fresh")])
 def test_every_command_of_your_own_loggers_and_callbacks_runs_as_printed(tmp_path, guide_hub, small):
     cmds = readme_commands()

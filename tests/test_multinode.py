@@ -52,6 +52,7 @@ def _two_nodes(tmp_path: Path) -> tuple[list[list[str]], Path, dict]:
     return lines, two_nodes, results
 
 
+@pytest.mark.long
 def test_two_nodes_by_torchrun_run_as_printed(tmp_path):
     """make test: the guide's lines as printed (they are smoke-sized already), two torchrun launchers at once."""
     _two_nodes(tmp_path)

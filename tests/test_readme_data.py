@@ -54,7 +54,7 @@ def _reader_files(cwd, hub) -> None:
 
 
 # make test runs the lines at the guide's small size, make test-slow as printed
-@pytest.mark.parametrize("smoke", [pytest.param(True, id="smoke"),
+@pytest.mark.parametrize("smoke", [pytest.param(True, marks=pytest.mark.long, id="smoke"),
                                    pytest.param(False, marks=pytest.mark.slow, id="as-printed")])
 def test_the_your_own_data_section_runs_as_printed(tmp_path, guide_hub, smoke):
     """As printed; and (`smoke`, a quick check of the lines) the same lines at the guides' small size

@@ -44,7 +44,7 @@ def _reader_files(cwd, hub) -> None:
 
 
 # make test runs the lines at the guide's small size (its training runs cut to 2 steps), make test-slow as printed
-@pytest.mark.parametrize("small", [pytest.param(True, id="small"),
+@pytest.mark.parametrize("small", [pytest.param(True, marks=pytest.mark.long, id="small"),
                                    pytest.param(False, marks=pytest.mark.slow, id="as-printed")])
 def test_the_your_own_images_section_runs_as_printed(tmp_path, guide_hub, small):
     """As printed; and (`small`, a quick check of the lines) the same lines with the training runs cut to 2 steps,

@@ -21,8 +21,8 @@ from support.stand_ins import BASE_MODEL, CHAT_DATA, CHAT_MODEL, MOE_MODEL, serv
 pytest.importorskip("transformers")
 
 SECTION, SERVING, GROW = "your_model", "kv_cache", "grow_moe"  # docs/guides/NAME.md
-SIZES = [pytest.param(True, id="small"), pytest.param(False, marks=[pytest.mark.slow, pytest.mark.timeout(1800)],
-                                                      id="as-printed")]
+SIZES = [pytest.param(True, marks=pytest.mark.long, id="small"),
+         pytest.param(False, marks=[pytest.mark.slow, pytest.mark.timeout(1800)], id="as-printed")]
 
 
 def _smoke_steps(argv: list[str]) -> list[str]:

@@ -86,6 +86,7 @@ def readme_blocks() -> tuple[list[str], str]:
     return bash, python
 
 
+@pytest.mark.long
 def test_the_readme_fine_tune_lines_run_as_printed_and_peft_opens_the_runs_adapter(served, hub, tmp_path):
     """The README's command as printed (FRAMEWORK_SMOKE=1: the recipe's smoke size, as the README's other lines are
     run), then its Python block, whose PEFT model gives the run's logits."""
