@@ -52,13 +52,9 @@ def _two_nodes(tmp_path: Path) -> tuple[list[list[str]], Path, dict]:
     return lines, two_nodes, results
 
 
-@pytest.mark.long
-def test_two_nodes_by_torchrun_run_as_printed(tmp_path):
-    """make test: the guide's lines as printed (they are smoke-sized already), two torchrun launchers at once."""
-    _two_nodes(tmp_path)
-
-
-# make test-slow: the same two nodes, compared with one node of two processes (a third fresh run)
+# make test-slow: the guide's two torchrun lines as printed (smoke-sized already: four fresh processes, two launchers
+# and two workers, about 20 s of both cores), compared with one node of two processes; make test runs the same DDP
+# path through the CLI, two processes, in the running guide's DDP line (tests/test_readme_commands.py)
 @pytest.mark.slow
 def test_two_nodes_by_torchrun_as_printed_end_as_one_node_with_two_processes(tmp_path):
     lines, two_nodes, results = _two_nodes(tmp_path)
