@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -16,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import guide
 from support import guides, wandb_offline
 from test_hub import hub_env
 
@@ -26,9 +24,7 @@ from framework.errors import InputError
 
 def readme_commands() -> list[list[str]]:
     """Every line of docs/guides/loggers.md's bash blocks, split as a shell would (comments dropped)."""
-    body = guide("loggers")
-    blocks = re.findall(r"^```bash\n(.*?)^```", body, flags=re.M | re.S)
-    return [shlex.split(line, comments=True) for block in blocks for line in block.splitlines() if line.strip()]
+    return guides.command_lines("loggers", comments=True)
 
 
 def run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

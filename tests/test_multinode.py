@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -13,16 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import guide
+from support import guides
 
 pytestmark = pytest.mark.ddp
 
 
 def cluster_lines() -> list[list[str]]:
     """The command lines of docs/guides/cluster.md's first bash block (the torchrun lines)."""
-    body = guide("cluster")
-    block = re.findall(r"^```bash\n(.*?)^```", body, flags=re.M | re.S)[0]
-    return [shlex.split(line) for line in block.splitlines() if line.strip()]
+    code = next(code for lang, code in guides.blocks("cluster") if lang == "bash")
+    return [shlex.split(line) for line in code.splitlines() if line.strip()]
 
 
 def _env() -> dict[str, str]:

@@ -26,6 +26,12 @@ def chat_rows(n: int, offset: int = 0) -> list[dict]:
     return rows
 
 
+def _push(api, repo_id: str, folder: Path, repo_type: str | None = None) -> str:
+    """`folder` as a commit of `repo_id` (created if missing); returns the commit's sha."""
+    api.create_repo(repo_id, repo_type=repo_type, exist_ok=True)
+    return api.upload_folder(repo_id=repo_id, repo_type=repo_type, folder_path=str(folder)).oid
+
+
 def serve_chat(api, max_positions: int = 8192) -> dict[str, str]:
     """Push the chat model and the chat dataset stand-ins (idempotent); returns their commit shas by id. The model
     is a Llama as SmolLM2 is (2 layers, 2 KV heads of 2 query heads each: a mixed KV cache has heads to compress),
@@ -35,15 +41,12 @@ def serve_chat(api, max_positions: int = 8192) -> dict[str, str]:
         folder = Path(tmp)
         tiny_chat_model(folder / "model", tiny_tokenizer(CHATML, eos="<|im_end|>"), max_positions=max_positions,
                         layers=2, kv_heads=2)
-        api.create_repo(CHAT_MODEL, exist_ok=True)
-        commits[CHAT_MODEL] = api.upload_folder(repo_id=CHAT_MODEL, folder_path=str(folder / "model")).oid
+        commits[CHAT_MODEL] = _push(api, CHAT_MODEL, folder / "model")
         data = folder / "data" / "data"
         data.mkdir(parents=True)
         write_jsonl(data / "train-00000-of-00001.jsonl", chat_rows(48))
         write_jsonl(data / "test-00000-of-00001.jsonl", chat_rows(8, offset=1000))
-        api.create_repo(CHAT_DATA, repo_type="dataset", exist_ok=True)
-        commits[CHAT_DATA] = api.upload_folder(repo_id=CHAT_DATA, repo_type="dataset",
-                                               folder_path=str(folder / "data")).oid
+        commits[CHAT_DATA] = _push(api, CHAT_DATA, folder / "data", repo_type="dataset")
     return commits
 
 
@@ -63,8 +66,7 @@ def serve_moe(api) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         GraniteMoeForCausalLM(config).save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        api.create_repo(MOE_MODEL, exist_ok=True)
-        return api.upload_folder(repo_id=MOE_MODEL, folder_path=tmp).oid
+        return _push(api, MOE_MODEL, Path(tmp))
 
 
 def serve_base(api) -> str:
@@ -73,5 +75,4 @@ def serve_base(api) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         tiny_chat_model(Path(tmp), tiny_tokenizer(None, bos="<|endoftext|>", eos="<|endoftext|>", specials=[]),
                         max_positions=8192, layers=2, kv_heads=2)
-        api.create_repo(BASE_MODEL, exist_ok=True)
-        return api.upload_folder(repo_id=BASE_MODEL, folder_path=tmp).oid
+        return _push(api, BASE_MODEL, Path(tmp))
