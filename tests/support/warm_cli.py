@@ -30,7 +30,11 @@ from pathlib import Path
 # environment differs in anything else is started fresh. PYTEST_CURRENT_TEST is read by no one; the KMP_ pair is what
 # importing scikit-learn in a test sets, read only by Intel's OpenMP runtime (torch and scikit-learn load GNU's here)
 RUNTIME_ENV = ("FRAMEWORK_SMOKE", "FRAMEWORK_NS_DTYPE", "FRAMEWORK_DATA_CACHE", "PYTHONPATH", "HYDRA_FULL_ERROR",
-               "FAULT_SEED", "PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK")
+               "FAULT_SEED", "PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK",
+               # what torchrun gives its workers, read by torch.distributed and Lightning when a run starts
+               "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+               "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+               "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE")
 # the variables a package reads when it is imported: a run may set them differently where the server has not
 # imported that package (the train CLI imports huggingface_hub only when a run talks to the Hub)
 READ_AT_IMPORT_BY = {"HF_": "huggingface_hub", "MLFLOW_": "mlflow", "WANDB_": "wandb"}
@@ -61,6 +65,8 @@ reply.write(json.dumps({"ready": top}) + "\n")
 
 def child(req):
     reply.close()
+    signal.set_wakeup_fd(-1); signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the loop's, not the run's
+    os.close(wake_r); os.close(wake_w)
     os.chdir(req["cwd"])
     os.environ.clear(); os.environ.update(req["env"])
     extra = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -105,16 +111,23 @@ def child(req):
         os._exit(code & 0xFF)
 
 import signal
+# a child's exit wakes the loop at once (SIGCHLD writes to wake_w): no polling, and no run's end noticed late
+wake_r, wake_w = os.pipe()
+os.set_blocking(wake_w, False)
+signal.set_wakeup_fd(wake_w)
+signal.signal(signal.SIGCHLD, lambda *_: None)
 children = {}
 buf = b""
 while True:
-    ready, _, _ = select.select([0], [], [], 0.05)
+    ready, _, _ = select.select([0, wake_r], [], [])
+    if wake_r in ready:
+        os.read(wake_r, 1 << 12)
     while children:
         pid, status = os.waitpid(-1, os.WNOHANG)
         if not pid:
             break
         reply.write(json.dumps({"id": children.pop(pid), "code": os.waitstatus_to_exitcode(status)}) + "\n")
-    if not ready:
+    if 0 not in ready:
         continue
     data = os.read(0, 1 << 16)
     if not data:
