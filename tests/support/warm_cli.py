@@ -141,6 +141,8 @@ while True:
             child(req)
         children[pid] = req["id"]
         reply.write(json.dumps({"id": req["id"], "pid": pid}) + "\n")
+reply.close()
+os._exit(0)  # stdin closed: the tests are done with it, and an interpreter holding torch takes ~1.7 s to tear down
 '''
 
 
@@ -268,11 +270,13 @@ class WarmCLI:
             raise RuntimeError(f"the warm server for {self.module} stopped (exit {self._proc.poll()})")
         return proc
 
-    def close(self) -> None:
-        if self._proc.poll() is None:
+    def close(self, wait: bool = True) -> None:
+        """End the server (its stdin closed, it exits) and remove its folder; `wait=False`: only tell it to end."""
+        if self._proc.poll() is None and not self._proc.stdin.closed:
             self._proc.stdin.close()
+        if wait:
             self._proc.wait(timeout=60)
-        shutil.rmtree(self._dir, ignore_errors=True)
+            shutil.rmtree(self._dir, ignore_errors=True)
 
 
 _SERVERS: dict[tuple[str, str], WarmCLI] = {}
@@ -344,5 +348,7 @@ def run(module: str, args: list[str], env: dict[str, str], cwd: Path, timeout: f
 @atexit.register
 def _close_all() -> None:
     if os.getpid() == _OWNER:
+        for server in _SERVERS.values():  # all told first, so they end together
+            server.close(wait=False)
         for server in _SERVERS.values():
             server.close()
