@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +19,8 @@ pytestmark = pytest.mark.ddp
 
 
 def cluster_lines() -> list[list[str]]:
-    """The command lines of docs/guides/cluster.md's first bash block (the torchrun lines)."""
-    code = next(code for lang, code in guides.blocks("cluster") if lang == "bash")
-    return [shlex.split(line) for line in code.splitlines() if line.strip()]
+    """The torchrun lines of docs/guides/cluster.md (its SLURM script's lines left out)."""
+    return [line for line in guides.command_lines("cluster", comments=True) if line and line[0] == "torchrun"]
 
 
 def _env() -> dict[str, str]:
@@ -74,7 +72,7 @@ def _two_nodes(tmp_path: Path, small: bool = False) -> tuple[list[list[str]], Pa
 
 
 def test_the_workers_the_torchrun_lines_start_train_as_two_nodes_into_one_run_dir(tmp_path):
-    _, two_nodes, results = _two_nodes(tmp_path, small=True)
+    _, _, results = _two_nodes(tmp_path, small=True)
     assert results["choices"]["size"] == "smoke" and "trainer.num_nodes=2" in results["command"]
 
 
